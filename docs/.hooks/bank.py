@@ -1,0 +1,520 @@
+"""The question bank and the lesson catalogue: schema, loading, validation.
+
+Plain functions with no MkDocs import, so the hook, the macros, the tests and a
+future build tool can all call them. The site build loads the bank once (the
+result is memoised on the files' sizes and mtimes, so `mkdocs serve` reloads
+only after an edit) and every error names the file, the line the YAML parser
+gives, and the field, in the form editors and CI logs make clickable::
+
+    questions/part-0/kv-cache-throughput-ceiling.yaml:3: field 'lesson': Field required
+
+All errors of one build are collected and raised together, so a contributor who
+broke three files sees three lines, not one per rebuild.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# ---------------------------------------------------------------------------
+# Data: where things live
+# ---------------------------------------------------------------------------
+
+QUESTIONS_DIR = "questions"
+LESSONS_DIR = "docs/lessons"
+MODULES_FILE = "docs/.data/modules.yaml"
+VLLM_FACTS_FILE = "labs/data/vllm.yaml"
+
+SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+LESSON_ID_RE = re.compile(r"^part-(\d+)/([a-z0-9]+(?:-[a-z0-9]+)*)$")
+# Lesson files that are not lessons: the module index and the skeleton.
+NON_LESSON_FILES = {"index.md", "_template.md"}
+
+
+# ---------------------------------------------------------------------------
+# Schema: one model per record type. Unknown keys are errors everywhere.
+# ---------------------------------------------------------------------------
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class Source(_Strict):
+    """A reference; in YAML either a bare URL or {title, url}."""
+
+    title: str = Field(min_length=1)
+    url: str = Field(pattern=r"^https?://\S+$")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_url(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"title": value, "url": value}
+        return value
+
+
+class FollowUp(_Strict):
+    q: str = Field(min_length=1, description="The follow-up as the interviewer asks it.")
+    a: str = Field(min_length=1, description="Its answer, in Markdown; macros render.")
+
+
+class LabRun(_Strict):
+    """A lab command and where the output shown beside it comes from.
+
+    `output: run` makes the build run the command (torch-free labs only) and show
+    what it prints; a path under labs/results/ shows a recorded GPU run, and a
+    `file.json#a.b` path picks one string out of a recorded JSON file.
+    """
+
+    command: str = Field(pattern=r"^python -m labs\.[a-z_.]+( .*)?$")
+    output: str = Field(description="'run', or labs/results/<file>[.txt|.json#key]")
+    caption: str | None = None
+
+    @field_validator("output")
+    @classmethod
+    def _output_kind(cls, value: str) -> str:
+        if value != "run" and not value.startswith("labs/results/"):
+            raise ValueError("must be 'run' or a path under labs/results/")
+        return value
+
+
+class Snippet(_Strict):
+    """A code snippet, inline or included from labs/ by region (`path:region`)."""
+
+    language: str = Field(min_length=1)
+    runnable: bool = Field(description="True: the tests run it; Python snippets compile regardless.")
+    caption: str | None = None
+    code: str | None = None
+    include: str | None = Field(default=None, pattern=r"^labs/[\w/.-]+\.py(:[\w-]+)?$")
+
+    @model_validator(mode="after")
+    def _one_body(self) -> "Snippet":
+        if (self.code is None) == (self.include is None):
+            raise ValueError("give exactly one of 'code' (inline) or 'include' (labs/<file>.py:<region>)")
+        return self
+
+
+class Code(_Strict):
+    lab: LabRun | None = None
+    snippets: list[Snippet] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> "Code":
+        if self.lab is None and not self.snippets:
+            raise ValueError("give a 'lab' or at least one snippet, or leave 'code' out")
+        return self
+
+
+class Verified(_Strict):
+    date: dt.date
+    vllm: str = Field(pattern=r"^\d+\.\d+\.\d+$")
+
+
+class Question(_Strict):
+    """One bank question; the page renders the fields in this order."""
+
+    title: str = Field(min_length=10, description="The question as an interviewer asks it.")
+    topic: str | None = Field(default=None, description="The bank's entry as listed, for questions from it.")
+    part: int = Field(ge=0, le=8)
+    lesson: str = Field(pattern=LESSON_ID_RE.pattern, description="part-N/<slug> of the lesson it tests.")
+    also: list[str] = Field(default_factory=list, description="Further lessons it touches.")
+    answer: str = Field(min_length=1, description="Direct answer: 2-4 sentences.")
+    deep_dive: str = Field(min_length=1)
+    code: Code | None = None
+    follow_ups: list[FollowUp] = Field(min_length=2, max_length=4)
+    weak_answer: str = Field(min_length=1)
+    validate_: str = Field(alias="validate", min_length=1)
+    sources: list[Source] = Field(min_length=1)
+    verified: Verified
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, populate_by_name=False)
+
+    @field_validator("also")
+    @classmethod
+    def _also_ids(cls, value: list[str]) -> list[str]:
+        for item in value:
+            if not LESSON_ID_RE.match(item):
+                raise ValueError(f"{item!r} is not a lesson id of the form part-N/<slug>")
+        return value
+
+
+class LessonMeta(_Strict):
+    """A lesson's front matter. Sources and the checked date render at its end."""
+
+    title: str = Field(min_length=5)
+    description: str = Field(min_length=10, description="One line for the module index.")
+    order: int = Field(ge=0, description="Position within the module.")
+    render_macros: bool = True
+    verified: Verified | None = None
+    sources: list[Source] = Field(default_factory=list)
+    hide: list[str] = Field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: str  # relative to the project root
+    line: int | None
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else self.path
+        what = f" field '{self.field}':" if self.field else ""
+        return f"{where}:{what} {self.message}"
+
+
+class BankError(Exception):
+    """Every problem found in one load, one per line."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        lines = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"{len(problems)} problem(s) in the question bank:\n{lines}")
+
+
+# ---------------------------------------------------------------------------
+# Loaded records
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Module:
+    part: int
+    name: str
+    scope: str
+    bank: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"Part {self.part} · {self.name}"
+
+
+@dataclass(frozen=True)
+class Lesson:
+    id: str  # part-N/<slug>
+    part: int
+    slug: str
+    path: str  # docs/lessons/part-N/<slug>.md
+    meta: LessonMeta
+
+    @property
+    def src_uri(self) -> str:
+        return f"lessons/{self.id}.md"
+
+
+@dataclass(frozen=True)
+class BankQuestion:
+    slug: str
+    path: str  # questions/part-N/<slug>.yaml
+    q: Question
+    node: Any = field(default=None, compare=False, repr=False)  # YAML nodes, for line numbers
+
+    @property
+    def id(self) -> str:
+        return f"part-{self.q.part}/{self.slug}"
+
+    @property
+    def src_uri(self) -> str:
+        return f"questions/{self.id}.md"
+
+    @property
+    def lessons(self) -> list[str]:
+        """The lesson it tests, then the ones it touches."""
+        return [self.q.lesson, *self.q.also]
+
+
+@dataclass
+class Bank:
+    root: Path
+    modules: list[Module]
+    lessons: dict[str, Lesson]
+    questions: dict[str, BankQuestion]  # by slug
+    vllm_version: str
+    # lesson id -> questions naming it, tested-by first
+    links: dict[str, list[tuple[BankQuestion, str]]] = field(default_factory=dict)
+
+    def module(self, part: int) -> Module:
+        for m in self.modules:
+            if m.part == part:
+                return m
+        raise KeyError(f"no module Part {part} in {MODULES_FILE}")
+
+    def lessons_of(self, part: int) -> list[Lesson]:
+        found = [lesson for lesson in self.lessons.values() if lesson.part == part]
+        return sorted(found, key=lambda lesson: (lesson.meta.order, lesson.slug))
+
+    def questions_of(self, part: int) -> list[BankQuestion]:
+        found = [q for q in self.questions.values() if q.q.part == part]
+        return sorted(found, key=lambda q: (self._lesson_order(q.q.lesson), q.q.title))
+
+    def _lesson_order(self, lesson_id: str) -> tuple[int, str]:
+        lesson = self.lessons[lesson_id]
+        return (lesson.meta.order, lesson.slug)
+
+    def related(self, question: BankQuestion) -> list[BankQuestion]:
+        """Questions that share a lesson with this one, derived from the links."""
+        seen: dict[str, BankQuestion] = {}
+        for lesson_id in question.lessons:
+            for other, _ in self.links.get(lesson_id, []):
+                if other.slug != question.slug:
+                    seen.setdefault(other.slug, other)
+        return list(seen.values())
+
+
+# ---------------------------------------------------------------------------
+# YAML with line numbers
+# ---------------------------------------------------------------------------
+
+
+def _compose(text: str) -> tuple[Any, yaml.Node | None]:
+    """Parse YAML keeping the node tree, whose marks give each value's line."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    finally:
+        loader.dispose()
+    return data, node
+
+
+def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+    """The line of the value at `loc` (a pydantic error path), or of its nearest parent."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if key_node.value == part:
+                    line, node = key_node.start_mark.line + 1, value_node
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def _field_name(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _validation_problems(path: str, node: yaml.Node | None, err: ValidationError) -> list[Problem]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        message = e["msg"]
+        if e["type"] == "extra_forbidden":
+            message = "unknown field (not in the schema; see questions/schema.json)"
+        problems.append(Problem(path, _line_of(node, loc), _field_name(loc) or None, message))
+    return problems
+
+
+def read_yaml_file(path: Path, rel: str) -> tuple[Any, yaml.Node | None, list[Problem]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        return None, None, [Problem(rel, None, None, f"not UTF-8: {exc}")]
+    try:
+        data, node = _compose(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        return None, None, [Problem(rel, line, None, f"YAML syntax error: {exc.problem or exc.context}")]
+    return data, node, []
+
+
+# ---------------------------------------------------------------------------
+# Loading
+# ---------------------------------------------------------------------------
+
+
+def _load_modules(root: Path) -> list[Module]:
+    data = yaml.safe_load((root / MODULES_FILE).read_text(encoding="utf-8"))
+    return [Module(**entry) for entry in data["modules"]]
+
+
+def _vllm_version(root: Path) -> str:
+    data = yaml.safe_load((root / VLLM_FACTS_FILE).read_text(encoding="utf-8"))
+    return str(data["version"])
+
+
+_FRONT_MATTER_RE = re.compile(r"\A---\s*\n(.*?\n)---\s*\n", re.S)
+
+
+def _load_lessons(root: Path, modules: list[Module], problems: list[Problem]) -> dict[str, Lesson]:
+    lessons: dict[str, Lesson] = {}
+    parts = {m.part for m in modules}
+    for path in sorted((root / LESSONS_DIR).glob("part-*/*.md")):
+        if path.name in NON_LESSON_FILES:
+            continue
+        rel = path.relative_to(root).as_posix()
+        match = LESSON_ID_RE.match(f"{path.parent.name}/{path.stem}")
+        if not match:
+            problems.append(Problem(rel, None, None, "lesson file names must be part-N/<lowercase-slug>.md"))
+            continue
+        part = int(match.group(1))
+        if part not in parts:
+            problems.append(Problem(rel, None, None, f"no module Part {part} in {MODULES_FILE}"))
+            continue
+        text = path.read_text(encoding="utf-8")
+        fm = _FRONT_MATTER_RE.match(text)
+        if not fm:
+            problems.append(Problem(rel, 1, None, "missing front matter (--- title/description/order ---)"))
+            continue
+        try:
+            data, node = _compose(fm.group(1))
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark
+            problems.append(Problem(rel, mark.line + 2 if mark else None, None, f"YAML syntax error: {exc.problem}"))
+            continue
+        try:
+            meta = LessonMeta.model_validate(data or {})
+        except ValidationError as err:
+            # Front matter starts on line 2 of the file.
+            for p in _validation_problems(rel, node, err):
+                problems.append(Problem(p.path, (p.line or 0) + 1, p.field, p.message))
+            continue
+        lesson_id = f"part-{part}/{path.stem}"
+        lessons[lesson_id] = Lesson(lesson_id, part, path.stem, rel, meta)
+    return lessons
+
+
+def _load_questions(root: Path, modules: list[Module], problems: list[Problem]) -> dict[str, BankQuestion]:
+    questions: dict[str, BankQuestion] = {}
+    bank_parts = {m.part for m in modules if m.bank}
+    for path in sorted((root / QUESTIONS_DIR).glob("**/*.yaml")):
+        rel = path.relative_to(root).as_posix()
+        folder = path.parent.relative_to(root / QUESTIONS_DIR).as_posix()
+        folder_match = re.fullmatch(r"part-(\d+)", folder)
+        if not folder_match:
+            problems.append(Problem(rel, None, None, "questions live in questions/part-N/<slug>.yaml"))
+            continue
+        slug = path.stem
+        if not SLUG_RE.match(slug):
+            problems.append(Problem(rel, None, None, "the file name is the slug: lowercase words joined by '-'"))
+            continue
+        data, node, yaml_problems = read_yaml_file(path, rel)
+        if yaml_problems:
+            problems.extend(yaml_problems)
+            continue
+        if not isinstance(data, dict):
+            problems.append(Problem(rel, 1, None, "the file must be a YAML mapping of the question's fields"))
+            continue
+        try:
+            q = Question.model_validate(data)
+        except ValidationError as err:
+            problems.extend(_validation_problems(rel, node, err))
+            continue
+        folder_part = int(folder_match.group(1))
+        if q.part != folder_part:
+            problems.append(Problem(rel, _line_of(node, ("part",)), "part",
+                                    f"is {q.part} but the file is in questions/part-{folder_part}/"))
+            continue
+        if q.part not in bank_parts:
+            problems.append(Problem(rel, _line_of(node, ("part",)), "part",
+                                    f"Part {q.part} has no bank questions (see {MODULES_FILE})"))
+            continue
+        if slug in questions:
+            problems.append(Problem(rel, None, None,
+                                    f"duplicate slug '{slug}': {questions[slug].path} has the same file name"))
+            continue
+        questions[slug] = BankQuestion(slug, rel, q, node)
+    return questions
+
+
+def _cross_check(bank: Bank, problems: list[Problem]) -> None:
+    """Links between files: lessons named must exist; versions must match the facts file."""
+    for bq in bank.questions.values():
+        node = bq.node
+        for i, lesson_id in enumerate(bq.lessons):
+            loc: tuple[Any, ...] = ("lesson",) if i == 0 else ("also", i - 1)
+            if lesson_id not in bank.lessons:
+                problems.append(Problem(bq.path, _line_of(node, loc), _field_name(loc),
+                                        f"names no lesson: docs/lessons/{lesson_id}.md does not exist"))
+        if bq.q.verified.vllm != bank.vllm_version:
+            problems.append(Problem(bq.path, _line_of(node, ("verified", "vllm")), "verified.vllm",
+                                    f"is {bq.q.verified.vllm}, but the site describes vLLM {bank.vllm_version} "
+                                    f"({VLLM_FACTS_FILE}); re-check the content, then update it"))
+    for lesson in bank.lessons.values():
+        v = lesson.meta.verified
+        if v is not None and v.vllm != bank.vllm_version:
+            problems.append(Problem(lesson.path, None, "verified.vllm",
+                                    f"is {v.vllm}, but the site describes vLLM {bank.vllm_version}"))
+
+
+def _link(bank: Bank) -> None:
+    for bq in bank.questions.values():
+        for i, lesson_id in enumerate(bq.lessons):
+            bank.links.setdefault(lesson_id, []).append((bq, "tests" if i == 0 else "touches"))
+    for entries in bank.links.values():
+        entries.sort(key=lambda e: (e[1] != "tests", e[0].q.title))
+
+
+def load_bank(root: Path) -> Bank:
+    """Load and validate modules, lessons and questions; raise BankError listing every problem."""
+    root = Path(root).resolve()
+    problems: list[Problem] = []
+    modules = _load_modules(root)
+    lessons = _load_lessons(root, modules, problems)
+    questions = _load_questions(root, modules, problems)
+    bank = Bank(root, modules, lessons, questions, _vllm_version(root))
+    _cross_check(bank, problems)
+    if problems:
+        raise BankError(problems)
+    _link(bank)
+    return bank
+
+
+# ---------------------------------------------------------------------------
+# Once per build
+# ---------------------------------------------------------------------------
+
+_CACHE: dict[Path, tuple[tuple, Bank]] = {}
+
+
+def _signature(root: Path) -> tuple:
+    files = [root / MODULES_FILE, root / VLLM_FACTS_FILE]
+    files += sorted((root / QUESTIONS_DIR).glob("**/*.yaml"))
+    files += sorted((root / LESSONS_DIR).glob("part-*/*.md"))
+    return tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in files)
+
+
+def get_bank(root: Path) -> Bank:
+    """The bank for this build: loaded once, reloaded only when a file changed."""
+    root = Path(root).resolve()
+    sig = _signature(root)
+    cached = _CACHE.get(root)
+    if cached and cached[0] == sig:
+        return cached[1]
+    bank = load_bank(root)
+    _CACHE[root] = (sig, bank)
+    return bank
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of a question file, committed as questions/schema.json for editors."""
+    schema = Question.model_json_schema(by_alias=True)
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "Interview bank question (questions/part-N/<slug>.yaml)"
+    return schema

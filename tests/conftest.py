@@ -1,0 +1,82 @@
+"""Shared test setup: the `gpu` marker, the interpreter switch, and required extras.
+
+Three promises live here, so every test file gets them without repeating them:
+
+* A test marked ``gpu`` is skipped on a machine without CUDA, with the reason
+  printed. On the GPU box we run ``LABS_REQUIRE_GPU=1 pytest -m gpu``; there a
+  skipped GPU test is turned into a failure, so "all green" cannot hide a test
+  that never ran.
+* Without CUDA, Triton kernels run in the CPU interpreter. ``TRITON_INTERPRET``
+  must be set before Triton is first imported, so it is set here, at collection.
+* Under ``CI=true`` a missing vLLM or Chromium is a failure, not a skip
+  (``require_or_skip``): CI installs both, so their absence is a broken install.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _cuda_available() -> bool:
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+HAS_CUDA = _cuda_available()
+REQUIRE_GPU = os.environ.get("LABS_REQUIRE_GPU") == "1"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def require_or_skip(available: bool, what: str, reason: str) -> None:
+    """Skip when `what` is missing, except under CI=true, where it fails the test."""
+    if available:
+        return
+    if IN_CI:
+        pytest.fail(f"{what} is missing under CI=true ({reason}); .ci/run installs it", pytrace=False)
+    pytest.skip(f"{what} not installed: {reason}")
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if REQUIRE_GPU and report.skipped and "gpu" in item.keywords:
+        report.outcome = "failed"
+        report.longrepr = f"GPU test skipped while LABS_REQUIRE_GPU=1: {report.longrepr}"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    """Every test starts from the same seed, so a failure reproduces."""
+    random.seed(0)
+    try:
+        import numpy as np
+
+        np.random.seed(0)
+    except ImportError:
+        pass
+    if "torch" in __import__("sys").modules:
+        import torch
+
+        torch.manual_seed(0)
+    yield
