@@ -340,7 +340,10 @@ def read_yaml_file(path: Path, rel: str) -> tuple[Any, yaml.Node | None, list[Pr
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
-        return None, None, [Problem(rel, line, None, f"YAML syntax error: {exc.problem or exc.context}")]
+        message = f"YAML syntax error: {exc.problem or exc.context}"
+        if exc.context and exc.context_mark and exc.problem_mark and exc.context_mark.line != exc.problem_mark.line:
+            message += f" ({exc.context} that starts on line {exc.context_mark.line + 1})"
+        return None, None, [Problem(rel, line, None, message)]
     return data, node, []
 
 
@@ -515,6 +518,58 @@ def get_bank(root: Path) -> Bank:
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a question file, committed as questions/schema.json for editors."""
     schema = Question.model_json_schema(by_alias=True)
+    # A source may also be a bare URL (the loader normalises it): say so to editors.
+    source = schema["$defs"]["Source"]
+    schema["$defs"]["Source"] = {"anyOf": [{"type": "string", "pattern": r"^https?://\S+$"}, source]}
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Interview bank question (questions/part-N/<slug>.yaml)"
     return schema
+
+
+# ---------------------------------------------------------------------------
+# Command line: keep questions/schema.json in step with the model
+# ---------------------------------------------------------------------------
+
+SCHEMA_FILE = "questions/schema.json"
+
+
+def schema_text() -> str:
+    import json
+
+    return json.dumps(json_schema(), indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description="Validate the question bank, or write/check questions/schema.json.")
+    parser.add_argument("mode", choices=["check", "write-schema", "check-schema"],
+                        help="check: load and validate every question and lesson; write-schema: regenerate "
+                             f"{SCHEMA_FILE} from the model; check-schema: fail if it is out of date")
+    parser.add_argument("--root", default=str(Path(__file__).resolve().parents[2]),
+                        help="project root (default: this checkout)")
+    args = parser.parse_args(argv)
+    root = Path(args.root)
+    if args.mode == "check":
+        try:
+            bank = load_bank(root)
+        except BankError as err:
+            print(err)
+            return 1
+        print(f"ok: {len(bank.questions)} questions, {len(bank.lessons)} lessons")
+        return 0
+    target = root / SCHEMA_FILE
+    if args.mode == "write-schema":
+        target.write_text(schema_text(), encoding="utf-8")
+        print(f"wrote {SCHEMA_FILE}")
+        return 0
+    if not target.is_file() or target.read_text(encoding="utf-8") != schema_text():
+        print(f"{SCHEMA_FILE} is out of date: run `python docs/.hooks/bank.py write-schema`")
+        return 1
+    print(f"{SCHEMA_FILE} is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,357 @@
+"""Tests for the PagedAttention decode lab: allocator, kernel against reference, and SDPA.
+
+The same kernel tests run on two machines. Without CUDA, conftest sets TRITON_INTERPRET=1
+and they run in the Triton interpreter on small shapes in fp16 and fp32 (the interpreter
+has no bf16 arithmetic). Tests marked `gpu` repeat the grid at real sizes in bf16 and
+fp16, up to 32k tokens, and compare with PyTorch's SDPA.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from labs.paged_attention.cache import (
+    NULL_BLOCK,
+    BlockAllocator,
+    BlockTables,
+    OutOfBlocksError,
+)
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from labs.paged_attention.cache import PagedKVCache  # noqa: E402
+from labs.paged_attention.kernel import MAX_SPLITS, choose_num_splits, paged_decode  # noqa: E402
+from labs.paged_attention.reference import gather_kv, paged_decode_ref  # noqa: E402
+from labs.paged_attention.workload import make_problem  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# Tolerances against the fp32 reference, per input dtype, as (atol, rtol).
+# Start: torch.testing.assert_close's defaults (fp16 rtol 1e-3, bf16 rtol 1.6e-2, fp32
+# rtol 1.3e-6, atol 1e-5 for all). Widened for low precision because the kernel rounds
+# the softmax weights P to the input dtype before P @ V (as FlashAttention does) and
+# rounds the output once more: two roundings of unit size 2**-11 (fp16) or 2**-8 (bf16)
+# on outputs of magnitude <= ~1, so atol = rtol = 4 units of fp16 and 4 units of bf16.
+TOLERANCES = {
+    torch.float32: (1e-5, 1.3e-6),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1.6e-2),
+}
+
+# ----------------------------------------------------------------------------------
+# Grids. One dimension per decorator.
+BLOCK_SIZES = [1, 8, 16, 32]
+GQA_RATIOS = [1, 4, 8]  # query heads per KV head
+SPLITS = [1, 3]  # 1: one program per (sequence, KV head); 3: split-K with the reduction
+CPU_DTYPES = [torch.float16, torch.float32]  # the interpreter has no bf16 arithmetic
+GPU_DTYPES = [torch.bfloat16, torch.float16]
+GPU_SPLITS = [None, 1]  # None: the launcher's heuristic from the SM count
+
+# Small shapes for the interpreter: it runs every program in NumPy, so cost grows with
+# B * Hkv * splits * tiles. 2 KV heads, head_dim 32, 16-token tiles keep the file
+# under a minute on 2 cores while still running several tiles per split.
+CPU_KV_HEADS = 2
+CPU_HEAD_DIM = 32
+CPU_TILE_N = 16
+
+
+def ragged_lens(block_size: int, long: int) -> list[int]:
+    """Lengths that hit every edge: 1 token, a block minus one, a block plus one, long ones.
+
+    The long sequence comes first: it donates the shared prefix blocks, which the
+    sequences longer than the prefix (at least long // 2 + 1) then reuse.
+    """
+    return [long, 1, max(block_size - 1, 2), block_size + 1, 2 * block_size + 3, long // 2 + 1]
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """assert_close with the dtype's tolerance; on failure, name the worst (sequence, head)."""
+    atol, rtol = TOLERANCES[dtype]
+    out = out.float()
+    assert torch.isfinite(out).all(), f"{what}: non-finite output at {torch.nonzero(~torch.isfinite(out))[:5].tolist()}"
+    err = (out - ref).abs()
+    worst = torch.nonzero(err == err.max())[0].tolist()
+    torch.testing.assert_close(
+        out, ref, atol=atol, rtol=rtol,
+        msg=lambda m: f"{what}: worst at (seq, head, dim) = {worst}, |diff| = {err.max():.3g}\n{m}",
+    )
+
+
+def run_case(problem, **kwargs) -> torch.Tensor:
+    return paged_decode(
+        problem.q, problem.k_cache, problem.v_cache, problem.block_tables, problem.seq_lens,
+        max_seq_len=problem.max_seq_len, **kwargs,
+    )
+
+
+def reference(problem) -> torch.Tensor:
+    return paged_decode_ref(problem.q, problem.k_cache, problem.v_cache, problem.block_tables, problem.seq_lens)
+
+
+# ----------------------------------------------------------------------------------
+# Allocator and block tables (plain Python, no torch needed, but grouped here).
+
+
+def test_allocator_never_hands_out_the_null_block():
+    allocator = BlockAllocator(8)
+    blocks = allocator.allocate(7)
+    assert NULL_BLOCK not in blocks
+    assert sorted(blocks) == list(range(1, 8))
+    assert allocator.num_free == 0
+
+
+def test_allocator_exhaustion_names_the_numbers():
+    allocator = BlockAllocator(5)
+    allocator.allocate(3)
+    with pytest.raises(OutOfBlocksError, match=r"asked for 2 blocks but only 1 are free"):
+        allocator.allocate(2)
+    assert allocator.num_free == 1, "a failed allocation must not take any block"
+
+
+def test_allocator_reuses_the_block_freed_last():
+    allocator = BlockAllocator(6)
+    a, b, c = allocator.allocate(3)
+    allocator.free([a, c])
+    assert allocator.allocate(1) == [c]
+
+
+def test_refcounts_keep_shared_blocks_until_last_user():
+    allocator = BlockAllocator(4)
+    (block,) = allocator.allocate(1)
+    allocator.share([block])
+    assert allocator.refcount(block) == 2
+    allocator.free([block])
+    assert allocator.refcount(block) == 1 and allocator.num_free == 2
+    allocator.free([block])
+    assert allocator.refcount(block) == 0 and allocator.num_free == 3
+
+
+def test_allocator_rejects_double_free_and_sharing_free_blocks():
+    allocator = BlockAllocator(4)
+    (block,) = allocator.allocate(1)
+    allocator.free([block])
+    with pytest.raises(ValueError, match="already free"):
+        allocator.free([block])
+    with pytest.raises(ValueError, match="it is free"):
+        allocator.share([block])
+    with pytest.raises(ValueError, match="null block"):
+        allocator.free([NULL_BLOCK])
+
+
+def test_slot_mapping_is_block_times_size_plus_offset():
+    allocator = BlockAllocator(10)
+    tables = BlockTables(allocator, block_size=8)
+    slots = tables.append(0, 11)
+    blocks = tables.blocks(0)
+    assert slots == [blocks[t // 8] * 8 + t % 8 for t in range(11)]
+    more = tables.append(0, 6)  # fills block 2's slots 3..7, then one slot of a new block
+    blocks = tables.blocks(0)
+    assert len(blocks) == 3 and more == [blocks[t // 8] * 8 + t % 8 for t in range(11, 17)]
+
+
+def test_fork_shares_whole_blocks_and_free_returns_them_last():
+    allocator = BlockAllocator(10)
+    tables = BlockTables(allocator, block_size=8)
+    tables.append(0, 20)  # 3 blocks
+    tables.fork(0, 1, 16)  # shares 2 blocks
+    assert tables.blocks(1) == tables.blocks(0)[:2]
+    assert [allocator.refcount(b) for b in tables.blocks(0)] == [2, 2, 1]
+    new_slot = tables.append(1, 1)[0]
+    assert new_slot // 8 not in tables.blocks(0), "a forked sequence writes into a block of its own"
+    with pytest.raises(ValueError, match="whole blocks"):
+        tables.fork(0, 2, 12)
+    free_before = allocator.num_free
+    tables.free(0)
+    assert allocator.num_free == free_before + 1  # only the unshared block comes back
+    tables.free(1)
+    assert allocator.num_free == allocator.num_usable
+
+
+def test_failed_append_leaves_the_tables_unchanged():
+    allocator = BlockAllocator(3)
+    tables = BlockTables(allocator, block_size=8)
+    tables.append(0, 8)
+    with pytest.raises(OutOfBlocksError):
+        tables.append(0, 17)  # needs 3 more blocks, 1 is free
+    assert tables.seq_len(0) == 8 and len(tables.blocks(0)) == 1 and allocator.num_free == 1
+
+
+def test_allocator_module_does_not_import_torch():
+    code = "import sys, labs.paged_attention.cache; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cache_write_stores_tokens_at_their_slots():
+    cache = PagedKVCache(2, 6, 8, 2, 4, torch.float32, "cpu")  # 2 layers, 6 blocks of 8
+    cache.fill_(float("nan"))
+    k = torch.randn(3, 2, 4)
+    v = torch.randn(3, 2, 4)
+    cache.write(1, [5, 12, 47], k, v)  # slot = block * 8 + offset
+    assert torch.equal(cache.k[1][0, 5], k[0]) and torch.equal(cache.k[1][1, 4], k[1])
+    assert torch.equal(cache.v[1][5, 7], v[2])
+    assert cache.k[0].isnan().all(), "writing layer 1 must not touch layer 0"
+    assert cache.bytes_per_block == 2 * 2 * 8 * 2 * 4 * 4
+
+
+# ----------------------------------------------------------------------------------
+# Split heuristic (pure arithmetic).
+
+
+def test_split_heuristic_fills_the_gpu_for_small_batches():
+    # B=1, 8 KV heads on 132 SMs: 8 programs without splitting.
+    assert choose_num_splits(1, 8, 4096, 132, tile_n=64) == 64  # capped at 4096 / 64 tiles
+    assert choose_num_splits(1, 8, 32768, 132, tile_n=64) == 66  # 4 programs per SM
+
+
+def test_split_heuristic_does_not_split_full_batches_or_short_sequences():
+    assert choose_num_splits(128, 8, 2048, 132) == 1
+    assert choose_num_splits(4, 8, 1, 132) == 1  # one token: one tile, one split
+    assert choose_num_splits(1, 1, 10**6, 1000) <= MAX_SPLITS
+
+
+# ----------------------------------------------------------------------------------
+# Kernel against the reference, small shapes (interpreter on CPU, or the GPU).
+
+
+@pytest.mark.parametrize("num_splits", SPLITS)
+@pytest.mark.parametrize("gqa", GQA_RATIOS)
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("dtype", CPU_DTYPES, ids=str)
+def test_kernel_matches_reference(dtype, block_size, gqa, num_splits):
+    """Ragged lengths, random block order, shared prefix blocks, NaN in every unused slot."""
+    lens = ragged_lens(block_size, long=3 * max(block_size, 16) + 5)
+    problem = make_problem(
+        lens, CPU_KV_HEADS * gqa, CPU_KV_HEADS, CPU_HEAD_DIM, block_size, dtype, DEVICE,
+        shared_prefix_blocks=max(16 // block_size, 1),  # 16 tokens, or one block of 32
+    )
+    assert problem.shared_blocks > 0, "the grid must cover blocks shared between sequences"
+    table0 = problem.block_tables[0, : -(-lens[0] // block_size)].tolist()
+    assert table0 != sorted(table0), "block tables must not be in physical order"
+    out = run_case(problem, num_splits=num_splits, tile_n=CPU_TILE_N)
+    assert_matches(out, reference(problem), dtype, f"lens={lens}")
+
+
+@pytest.mark.parametrize("num_splits", [8, MAX_SPLITS])
+def test_more_splits_than_blocks(num_splits):
+    """Empty splits write (0, -inf); the reduction must give them zero weight, not NaN."""
+    problem = make_problem([5, 1, 17], 8, 2, CPU_HEAD_DIM, 8, torch.float16, DEVICE)
+    out = run_case(problem, num_splits=num_splits, tile_n=CPU_TILE_N)
+    assert_matches(out, reference(problem), torch.float16, f"num_splits={num_splits}")
+
+
+def test_context_length_one_with_split():
+    problem = make_problem([1, 1, 1], 8, 2, CPU_HEAD_DIM, 16, torch.float16, DEVICE)
+    out = run_case(problem, num_splits=4, tile_n=CPU_TILE_N)
+    # One token: softmax weight 1, so the output is exactly that token's V, rounded.
+    v0 = torch.stack([gather_kv(problem.v_cache, problem.block_tables[b], 1)[0] for b in range(3)])
+    torch.testing.assert_close(out, v0.repeat_interleave(4, dim=1), atol=0, rtol=0)
+
+
+def test_block_size_1_agrees_with_block_size_16():
+    a = make_problem([40, 3, 17], 8, 2, CPU_HEAD_DIM, 16, torch.float16, DEVICE, seed=7)
+    b = make_problem([40, 3, 17], 8, 2, CPU_HEAD_DIM, 1, torch.float16, DEVICE, seed=7)
+    # Same seed draws the same K/V values for each token, whatever the block size.
+    for s in range(3):
+        assert torch.equal(gather_kv(a.k_cache, a.block_tables[s], a.lens[s]), gather_kv(b.k_cache, b.block_tables[s], b.lens[s]))
+    out_a = run_case(a, num_splits=2, tile_n=CPU_TILE_N)
+    out_b = run_case(b, num_splits=2, tile_n=CPU_TILE_N)
+    # Same tiles in the same order: the arithmetic is identical, so the bits are too.
+    torch.testing.assert_close(out_a, out_b, atol=0, rtol=0)
+
+
+def test_result_does_not_depend_on_unused_slots():
+    outs = []
+    for fill in (float("nan"), 1e4, -1e4):
+        problem = make_problem([9, 20], 8, 2, CPU_HEAD_DIM, 8, torch.float16, DEVICE, fill=fill, seed=3)
+        outs.append(run_case(problem, num_splits=2, tile_n=CPU_TILE_N))
+    torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+    torch.testing.assert_close(outs[0], outs[2], atol=0, rtol=0)
+
+
+def test_head_dim_not_a_power_of_two():
+    problem = make_problem([23, 5], 4, 2, 40, 8, torch.float16, DEVICE)  # padded to 64, masked
+    out = run_case(problem, num_splits=2, tile_n=CPU_TILE_N)
+    assert_matches(out, reference(problem), torch.float16, "head_dim=40")
+
+
+def test_launcher_rejects_bad_inputs_with_clear_messages():
+    p = make_problem([5], 4, 2, CPU_HEAD_DIM, 8, torch.float16, DEVICE)
+    args = (p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
+    with pytest.raises(ValueError, match="share a dtype"):
+        paged_decode(p.q.float(), *args[1:])
+    with pytest.raises(ValueError, match="multiple of num_kv_heads"):
+        paged_decode(p.q[:, :3], *args[1:])
+    with pytest.raises(ValueError, match="int32"):
+        paged_decode(*args[:3], p.block_tables.long(), p.seq_lens)
+    with pytest.raises(ValueError, match="capacity"):
+        paged_decode(*args, max_seq_len=10**6)
+    with pytest.raises(ValueError, match="num_splits"):
+        paged_decode(*args, num_splits=0)
+
+
+# ----------------------------------------------------------------------------------
+# GPU: the same grid at real sizes, and SDPA on the same KV stored contiguously.
+
+GPU_GQA = [(32, 32), (32, 8), (64, 8)]  # (Hq, Hkv): ratios 1, 4, 8 as in Llama-style models
+GPU_HEAD_DIM = 128
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", GPU_SPLITS)
+@pytest.mark.parametrize("heads", GPU_GQA, ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+def test_gpu_kernel_matches_reference(dtype, block_size, heads, num_splits):
+    num_q_heads, num_kv_heads = heads
+    lens = ragged_lens(block_size, long=32768) + [4097]
+    problem = make_problem(
+        lens, num_q_heads, num_kv_heads, GPU_HEAD_DIM, block_size, dtype, "cuda",
+        shared_prefix_blocks=max(256 // block_size, 1),
+    )
+    out = run_case(problem, num_splits=num_splits)
+    assert_matches(out, reference(problem), dtype, f"lens={lens}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [MAX_SPLITS])
+def test_gpu_more_splits_than_blocks(num_splits):
+    problem = make_problem([1, 15, 17, 100], 32, 8, GPU_HEAD_DIM, 16, torch.bfloat16, "cuda")
+    out = run_case(problem, num_splits=num_splits)
+    assert_matches(out, reference(problem), torch.bfloat16, f"num_splits={num_splits}")
+
+
+@pytest.mark.gpu
+def test_gpu_block_size_1_agrees_with_block_size_16():
+    lens = [4099, 1, 333]
+    a = make_problem(lens, 32, 8, GPU_HEAD_DIM, 16, torch.bfloat16, "cuda", seed=5)
+    b = make_problem(lens, 32, 8, GPU_HEAD_DIM, 1, torch.bfloat16, "cuda", seed=5)
+    torch.testing.assert_close(run_case(a, num_splits=4), run_case(b, num_splits=4), atol=0, rtol=0)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.float() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", GPU_GQA, ids=lambda h: f"{h[0]}q{h[1]}kv")
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+def test_gpu_error_within_2x_of_sdpa(dtype, heads):
+    """Same KV, stored contiguously for SDPA; both judged against one fp32 reference."""
+    num_q_heads, num_kv_heads = heads
+    batch, seq_len = 4, 8191  # 8191: the last block holds 15 of 16 tokens
+    problem = make_problem([seq_len] * batch, num_q_heads, num_kv_heads, GPU_HEAD_DIM, 16, dtype, "cuda")
+    k = torch.stack([gather_kv(problem.k_cache, problem.block_tables[b], seq_len) for b in range(batch)])
+    v = torch.stack([gather_kv(problem.v_cache, problem.block_tables[b], seq_len) for b in range(batch)])
+    # (B, L, Hkv, d) -> (B, Hkv, L, d); GQA by enable_gqa, never by repeating K/V.
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        problem.q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), is_causal=False, enable_gqa=True
+    ).squeeze(2)
+    ref = reference(problem)
+    ours = run_case(problem)
+    err_ours, err_sdpa = rel_err(ours, ref), rel_err(sdpa, ref)
+    assert err_ours <= 2 * err_sdpa, f"kernel error {err_ours:.3g} > 2 x SDPA's {err_sdpa:.3g}"
+    assert_matches(ours, sdpa.float(), dtype, "kernel vs SDPA")

@@ -1,0 +1,167 @@
+"""The real site, built once per test session, checked as a reader would meet it.
+
+The build runs with torch and triton unimportable, strict, without -q (which
+would hide warnings from strict's counter). The tests then read the built HTML:
+sections in order on every question page, links both ways between questions
+and lessons, every internal link and #anchor resolving (including those in
+templates and raw HTML, which MkDocs' own validation does not see), and every
+page reachable from the navigation.
+"""
+
+from __future__ import annotations
+
+import html as html_lib
+import posixpath
+import sys
+import time
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+pytest.importorskip("mkdocs")
+pytest.importorskip("pydantic")
+
+from site_helpers import ROOT, article_html, mkdocs_build, parse_site  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "docs" / ".hooks"))
+import bank as bank_lib  # noqa: E402
+from bank_render import QUESTION_SECTIONS  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    start = time.perf_counter()
+    result = mkdocs_build(ROOT, out, strict=True)
+    seconds = time.perf_counter() - start
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr[-5000:]}"
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING")]
+    assert not warnings, "\n".join(warnings)
+    print(f"\nfull site built in {seconds:.1f} s (torch and triton unimportable)")
+    return out
+
+
+@pytest.fixture(scope="session")
+def pages(built):
+    return parse_site(built)
+
+
+@pytest.fixture(scope="session")
+def bank():
+    return bank_lib.load_bank(ROOT)
+
+
+def _page_path(src_uri: str) -> str:
+    """Built HTML path of a source page (use_directory_urls)."""
+    stem = src_uri[:-3]
+    return "index.html" if stem == "index" else (stem[:-5] if stem.endswith("/index") else stem + "/") + "index.html"
+
+
+def test_bank_is_not_empty(bank):
+    assert bank.questions and bank.lessons
+
+
+def test_every_question_page_has_its_sections_in_order(bank, pages):
+    for bq in bank.questions.values():
+        page = pages[_page_path(bq.src_uri)]
+        h2 = [text for tag, _, text in page.headings if tag == "h2"]
+        expected = [s for s in QUESTION_SECTIONS if s != "Code" or bq.q.code is not None]
+        assert h2 == expected, f"{bq.path}: sections {h2}, expected {expected}"
+        h3 = [text for tag, _, text in page.headings if tag == "h3"]
+        assert len(h3) == len(bq.q.follow_ups), f"{bq.path}: one heading per follow-up"
+
+
+def _resolve(from_page: str, href: str) -> tuple[str, str] | None:
+    """(target html path, fragment) of an internal link, or None for external ones."""
+    parts = urlsplit(href)
+    if parts.scheme or parts.netloc or href.startswith(("mailto:", "javascript:", "data:")):
+        return None
+    base = posixpath.dirname(from_page)
+    if parts.path.startswith("/"):  # root-relative (the 404 page's links): the site is served at /
+        base, parts = "", parts._replace(path="." + parts.path)
+    target = posixpath.normpath(posixpath.join(base, unquote(parts.path))) if parts.path else from_page
+    if parts.path.endswith("/") or parts.path == "":
+        target = from_page if not parts.path else posixpath.join(target, "index.html")
+    elif parts.path in (".", ".."):
+        target = posixpath.join(target, "index.html")
+    return target, unquote(parts.fragment)
+
+
+def test_zero_broken_internal_links_and_anchors(built, pages):
+    broken = []
+    for name, page in pages.items():
+        for href, line in page.links:
+            resolved = _resolve(name, href)
+            if resolved is None:
+                continue
+            target, fragment = resolved
+            if not (built / target).exists():
+                if (built / target).with_suffix("").is_dir() or (built / target / "index.html").exists():
+                    target = posixpath.join(target, "index.html")
+                else:
+                    broken.append(f"{name}:{line}: {href} -> missing {target}")
+                    continue
+            if fragment and target.endswith(".html") and fragment not in pages[target].ids:
+                broken.append(f"{name}:{line}: {href} -> no #{fragment} in {target}")
+    assert not broken, f"{len(broken)} broken internal link(s):\n" + "\n".join(broken[:50])
+
+
+def test_links_between_questions_and_lessons_go_both_ways(bank, built):
+    for bq in bank.questions.values():
+        question_html = article_html(built / _page_path(bq.src_uri))
+        for lesson_id in bq.lessons:
+            lesson = bank.lessons[lesson_id]
+            href_to_lesson = posixpath.relpath(_page_path(lesson.src_uri)[:-len("index.html")],
+                                               _page_path(bq.src_uri)[:-len("index.html")]) + "/"
+            assert f'href="{href_to_lesson}"' in question_html, f"{bq.path}: no link to {lesson_id}"
+            lesson_html = article_html(built / _page_path(lesson.src_uri))
+            links_section = lesson_html[lesson_html.index('id="interview-links"'):]
+            href_back = posixpath.relpath(_page_path(bq.src_uri)[:-len("index.html")],
+                                          _page_path(lesson.src_uri)[:-len("index.html")]) + "/"
+            assert f'href="{href_back}"' in links_section, f"{lesson.path}: Interview links miss {bq.slug}"
+
+
+def test_every_lesson_ends_with_interview_links(bank, built):
+    for lesson in bank.lessons.values():
+        html = article_html(built / _page_path(lesson.src_uri))
+        assert 'id="interview-links"' in html, lesson.path
+        assert html.rindex("<h2") == html.index('<h2 id="interview-links"'), f"{lesson.path}: not the last section"
+
+
+def test_every_page_is_reachable_from_the_navigation(built, pages):
+    home = (built / "index.html").read_text(encoding="utf-8")
+    # The primary navigation sidebar runs from its <nav> to the content column.
+    nav = home[home.index("md-nav--primary"):home.index('<div class="md-content"')]
+    linked = {target for href, _ in pages["index.html"].links
+              if (r := _resolve("index.html", href)) and href in nav for target in [r[0]]}
+    content_pages = {name for name in pages if name not in ("404.html",) and not name.startswith("assets/")}
+    missing = sorted(p for p in content_pages if p not in linked and p != "index.html")
+    assert not missing, f"pages not in the navigation: {missing}"
+
+
+def test_question_edit_link_points_at_its_yaml(bank, built):
+    bq = next(iter(bank.questions.values()))
+    html = (built / _page_path(bq.src_uri)).read_text(encoding="utf-8")
+    assert f"/edit/main/{bq.path}" in html
+
+
+def test_bank_index_lists_every_question_by_module(bank, built):
+    html = article_html(built / "questions/index.html")
+    for bq in bank.questions.values():
+        assert f'href="{bq.id}/"' in html, f"{bq.slug} missing from /questions/"
+    for module in bank.modules:
+        assert (html_lib.escape(module.label, quote=False) in html) == module.bank, module.label
+
+
+def test_module_without_lessons_shows_as_planned(bank, built):
+    for module in bank.modules:
+        html = article_html(built / f"lessons/part-{module.part}/index.html")
+        if not bank.lessons_of(module.part):
+            assert "Planned" in html, module.label
+
+
+def test_404_page_helps(built):
+    html = (built / "404.html").read_text(encoding="utf-8")
+    for target in ("lessons/", "questions/"):
+        assert target in html
