@@ -24,7 +24,14 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 from labs.paged_attention.cache import PagedKVCache  # noqa: E402
-from labs.paged_attention.kernel import MAX_SPLITS, choose_num_splits, paged_decode  # noqa: E402
+from labs.paged_attention.kernel import (  # noqa: E402
+    MAX_SPLITS,
+    MIN_WAVE_FILL,
+    choose_num_splits,
+    paged_decode,
+    split_reduce_kernel,
+    wave_fill,
+)
 from labs.paged_attention.reference import gather_kv, paged_decode_ref  # noqa: E402
 from labs.paged_attention.workload import make_problem  # noqa: E402
 
@@ -202,15 +209,24 @@ def test_cache_write_stores_tokens_at_their_slots():
 
 
 def test_split_heuristic_fills_the_gpu_for_small_batches():
-    # B=1, 8 KV heads on 132 SMs: 8 programs without splitting.
-    assert choose_num_splits(1, 8, 4096, 132, tile_n=64) == 64  # capped at 4096 / 64 tiles
-    assert choose_num_splits(1, 8, 32768, 132, tile_n=64) == 66  # 4 programs per SM
+    # 132 SMs x 4 resident programs = 528 slots. B=1 with 8 KV heads is 8 programs unsplit.
+    assert choose_num_splits(1, 8, 4096, 132, tile_n=64, programs_per_sm=4) == 60  # 480 of 528 slots
+    assert choose_num_splits(32, 8, 4096, 132, tile_n=64, programs_per_sm=4) == 2  # 512 programs
+    assert choose_num_splits(16, 8, 32768, 132, tile_n=64, programs_per_sm=4) == 4
 
 
-def test_split_heuristic_does_not_split_full_batches_or_short_sequences():
-    assert choose_num_splits(128, 8, 2048, 132) == 1
+def test_split_heuristic_avoids_a_part_filled_last_wave():
+    # 1024 programs = 1.94 waves of 528: already full enough, no split.
+    assert choose_num_splits(128, 8, 2048, 132, programs_per_sm=4) == 1
+    # 600 programs = 1.14 waves; splitting 4 ways gives 4.5 waves, the last one 0.5 full
+    # but 90% of the time spent working.
+    assert wave_fill(600, 528) < MIN_WAVE_FILL <= wave_fill(600 * choose_num_splits(75, 8, 4096, 132), 528)
+
+
+def test_split_heuristic_never_splits_below_one_tile():
     assert choose_num_splits(4, 8, 1, 132) == 1  # one token: one tile, one split
-    assert choose_num_splits(1, 1, 10**6, 1000) <= MAX_SPLITS
+    assert choose_num_splits(1, 1, 100, 132, tile_n=64) == 2  # 2 tiles at most
+    assert choose_num_splits(1, 1, 10**6, 10**4) <= MAX_SPLITS
 
 
 # ----------------------------------------------------------------------------------
@@ -241,6 +257,24 @@ def test_more_splits_than_blocks(num_splits):
     problem = make_problem([5, 1, 17], 8, 2, CPU_HEAD_DIM, 8, torch.float16, DEVICE)
     out = run_case(problem, num_splits=num_splits, tile_n=CPU_TILE_N)
     assert_matches(out, reference(problem), torch.float16, f"num_splits={num_splits}")
+
+
+def test_reduction_gives_empty_splits_zero_weight_even_over_nan():
+    """Splits with lse = -inf hold no keys; whatever sits in their partial output is ignored."""
+    if DEVICE == "cpu":
+        from labs.paged_attention.interpreter_compat import patch_interpreter_index
+
+        patch_interpreter_index()
+    batch, heads, splits, d = 1, 2, 4, 16
+    part = torch.randn(batch, heads, splits, d, device=DEVICE)
+    lse = torch.tensor([[[1.0, float("-inf"), 0.5, float("-inf")]] * heads], device=DEVICE)
+    part[:, :, 1] = float("nan")  # an empty split's slot holding garbage
+    part[:, :, 3] = float("nan")
+    out = torch.empty(batch, heads, d, device=DEVICE)
+    split_reduce_kernel[(batch, heads)](part, lse, out, splits, out.stride(0), out.stride(1), HEAD_DIM=d, D_PAD=d, S_PAD=splits)
+    w = torch.exp2(lse[0, 0, [0, 2]] - 1.0)
+    expected = (w[0] * part[:, :, 0] + w[1] * part[:, :, 2]) / w.sum()
+    torch.testing.assert_close(out, expected)
 
 
 def test_context_length_one_with_split():
