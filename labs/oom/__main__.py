@@ -1,0 +1,129 @@
+"""Reproduce an out-of-memory failure of LLM serving on this GPU, diagnose it, fix it.
+
+    python -m labs.oom --scenario kv-too-small
+    python -m labs.oom --scenario prefill-activation --snapshot /tmp/prefill.pickle
+    python -m labs.oom --scenario all --out DIR --record
+
+Scenarios: kv-too-small, prefill-activation, two-instances, fragmentation.
+Each prints what failed, the evidence (driver free/total, the allocator's
+reserved/allocated, the largest free cached block), the cause in one line, the
+knob that fixes it, and the run after the fix. Open a --snapshot file at
+https://pytorch.org/memory_viz.
+
+Exit codes: 0 when every scenario failed as predicted, was fixed, and left
+memory at its baseline; 1 otherwise; 2 without a CUDA GPU or on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = ("kv-too-small", "prefill-activation", "two-instances", "fragmentation")
+GIB = 2**30
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m labs.oom", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--scenario", choices=(*NAMES, "all"),
+                   help="which failure to reproduce ('all' runs the four in turn)")
+    p.add_argument("--snapshot", metavar="PATH",
+                   help="write a memory snapshot for PyTorch's memory viewer; with 'all', one per scenario "
+                        "(PATH gets the scenario name inserted before its suffix)")
+    p.add_argument("--out", metavar="DIR", help="write the report as DIR/oom.json")
+    p.add_argument("--record", action="store_true",
+                   help="also merge the report into labs/results/oom.json, which the site renders")
+    p.add_argument("--fragment-child", action="store_true",
+                   help="internal: run the fragmentation allocation pattern in this fresh process and print JSON")
+    return p
+
+
+def _g(x: int) -> str:
+    return f"{x / GIB:.2f} GiB"
+
+
+def _print(r: dict) -> None:
+    ev, dg = r["evidence"], r["diagnosis"]
+    print(f"=== {r['scenario']} ===")
+    print(f"what failed : {r['failure']['error']}")
+    if r["failure"].get("cuda_error"):
+        print(f"              {r['failure']['cuda_error']}")
+    print(f"evidence    : driver free {_g(ev['free'])} of {_g(ev['total'])}; reserved {_g(ev['reserved'])}, "
+          f"allocated {_g(ev['allocated'])}; largest free cached block {_g(ev['largest_free_block'])}; "
+          f"requested {_g(ev['requested'])}")
+    if "peak_vs_tokens" in r:
+        sweep = ", ".join(f"{p['batched_tokens']}: {_g(p['peak_bytes'])}" for p in r["peak_vs_tokens"])
+        print(f"peak/tokens : {sweep}  ({r['activation_bytes_per_token'] / 1024:.0f} KiB per token)")
+    print(f"cause       : {dg['cause']}")
+    print(f"knob        : {dg['knob']}")
+    fix = r["fix"]
+    print(f"after fix   : {fix['knob']} -> {'passed' if fix['passed'] else 'FAILED'}"
+          + (f" (peak {_g(fix['peak_bytes'])})" if "peak_bytes" in fix else ""))
+    m = r["memory"]
+    print(f"memory      : allocated {m['start']['allocated']} -> {m['end']['allocated']} bytes, driver used "
+          f"{_g(m['start']['used'])} -> {_g(m['end']['used'])}: "
+          f"{'back to baseline' if m['back_to_baseline'] else 'NOT back to baseline'}")
+    print(f"as predicted: {r['as_predicted']}\n")
+
+
+def _snapshot_path(base: str | None, name: str, many: bool) -> str | None:
+    if not base or not many:
+        return base
+    p = Path(base)
+    return str(p.with_name(f"{p.stem}-{name}{p.suffix}"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        print("error: the OOM lab needs torch (pip install -e '.[labs]')", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("error: the OOM lab needs a CUDA GPU: torch.cuda.is_available() is False, so there is no "
+              "GPU memory to run out of", file=sys.stderr)
+        return 2
+    from labs.oom import scenarios
+
+    if args.fragment_child:
+        print(json.dumps(scenarios.fragment_child(args.snapshot)))
+        return 0
+    if not args.scenario:
+        print("error: --scenario is required (one of " + ", ".join((*NAMES, "all")) + ")", file=sys.stderr)
+        return 2
+    names = NAMES if args.scenario == "all" else (args.scenario,)
+    reports = {}
+    for name in names:
+        try:
+            reports[name] = scenarios.RUNNERS[name](_snapshot_path(args.snapshot, name, len(names) > 1))
+        except RuntimeError as exc:  # e.g. a GPU too small for the model-shaped layer
+            print(f"error: {name}: {exc}", file=sys.stderr)
+            return 2
+        _print(reports[name])
+    doc = {"lab": "oom", "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
+           "total_memory_bytes": torch.cuda.mem_get_info()[1],
+           "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,
+                        "python": platform.python_version()},
+           "scenarios": reports}
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "oom.json").write_text(json.dumps(doc, indent=2) + "\n")
+    if args.record:
+        path = ROOT / "labs" / "results" / "oom.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        old = json.loads(path.read_text()) if path.exists() else {}
+        doc["scenarios"] = {**old.get("scenarios", {}), **reports}
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+    return 0 if all(r["as_predicted"] for r in reports.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
