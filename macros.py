@@ -11,12 +11,10 @@ public macros. Nothing here imports torch.
 
 from __future__ import annotations
 
-import functools
 import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "docs" / ".hooks"))
@@ -29,17 +27,11 @@ from bank_render import rel_link  # noqa: E402
 # Data
 # ---------------------------------------------------------------------------
 
-VLLM_FACTS = ROOT / "labs" / "data" / "vllm.yaml"
-
-
-@functools.lru_cache(maxsize=1)
-def _vllm_facts_cached(mtime_ns: int) -> dict[str, Any]:
-    return yaml.safe_load(VLLM_FACTS.read_text(encoding="utf-8"))
-
-
 def vllm_facts() -> dict[str, Any]:
-    """The vLLM facts file, reread when it changes (mkdocs serve)."""
-    return _vllm_facts_cached(VLLM_FACTS.stat().st_mtime_ns)
+    """The vLLM facts file (labs/data/vllm.yaml), through the labs' own loader."""
+    import labs.vllm_facts
+
+    return labs.vllm_facts.load()
 
 
 # ---------------------------------------------------------------------------
@@ -68,30 +60,10 @@ def gib(n_bytes: float, digits: int = 1) -> str:
     return f"{num(n_bytes / 2**30, digits)} GiB"
 
 
-def engine_arg(name: str) -> dict[str, Any]:
-    args = vllm_facts()["engine_args"]
-    if name not in args:
-        raise MacroError(f"vLLM engine argument '{name}' is not in labs/data/vllm.yaml; known: {sorted(args)}")
-    return args[name]
-
-
-def default(name: str) -> Any:
-    """The value vLLM uses when the flag is not given (the resolved default where one is recorded)."""
-    arg = engine_arg(name)
-    return arg["resolved"] if "resolved" in arg else arg["default"]
-
-
 def _fmt_value(value: Any) -> str:
     if isinstance(value, bool):
         return str(value)  # Python spelling, as vLLM's Python API takes it
     return "None" if value is None else str(value)
-
-
-def flag(name: str) -> str:
-    """`--flag` (default X, vLLM 0.33), from the facts file."""
-    arg = engine_arg(name)
-    version = vllm_facts()["version"]
-    return f"`{arg['flag']}` (default `{_fmt_value(default(name))}` in vLLM {version})"
 
 
 # ---------------------------------------------------------------------------
@@ -129,9 +101,6 @@ def define_env(env):
             raise MacroError(f"page_link('{uri}'): docs/{uri} does not exist")
         return f"[{text}]({rel_link(_page_uri(), uri)})"
 
-    env.macro(flag)
-    env.macro(default)
-    env.macro(lambda: vllm_facts()["version"], "vllm_version")
     env.macro(lambda name: _specs().get_model(name), "model")
     env.macro(lambda name: _specs().get_gpu(name), "gpu")
     env.macro(kv_bytes_per_token)
@@ -139,6 +108,9 @@ def define_env(env):
     for fn in (num, kib, mib, gib):
         env.macro(fn)
         env.filter(fn)
+    register_plot_macros(env)
+    register_vllm_macros(env)
+    register_lab_reports(env)
 
 
 # ---------------------------------------------------------------------------
@@ -162,6 +134,356 @@ def kv_bytes_per_token(model_name: str, kv_dtype: str = "auto") -> int:
 def bytes_per_block(model_name: str, block_size: int | None = None, kv_dtype: str = "auto") -> int:
     from labs.kv_sizing.formula import bytes_per_block as formula
 
-    size = block_size if block_size is not None else default("block_size")
+    import labs.vllm_facts
+
+    size = block_size if block_size is not None else labs.vllm_facts.resolved_default("block_size")
     return formula(_specs().get_model(model_name), size, kv_dtype)
 
+
+def register_lab_reports(env) -> None:
+    """Register the macros each lab offers for its page: `MACROS` in labs/<lab>/report.py.
+
+    A lab's page shows its recorded results through functions that live beside the lab
+    (torch-free, returning Markdown), so the lab owns how its results read and a new lab
+    needs no edit here. A name registered twice is an error, not a silent override.
+    """
+    import importlib
+
+    seen: dict[str, str] = {}
+    for report in sorted((ROOT / "labs").glob("*/report.py")):
+        module = importlib.import_module(f"labs.{report.parent.name}.report")
+        for fn in getattr(module, "MACROS", []):
+            if fn.__name__ in seen or fn.__name__ in env.macros:
+                raise MacroError(f"macro '{fn.__name__}' from {report} is already defined "
+                                 f"({seen.get(fn.__name__, 'macros.py')})")
+            seen[fn.__name__] = str(report.relative_to(ROOT))
+            env.macro(fn)
+
+
+# --- plots and calculator (begin) ---
+# Figures drawn as inline SVG from the data files and lab results, and the
+# in-page KV-cache calculator. The drawing lives in docs/.hooks/plots.py; these
+# wrappers only pick the records and call it.
+
+
+def register_plot_macros(env) -> None:
+    import plots
+    from labs.kv_sizing import formula, memory_budget
+
+    def _model(name: str):
+        try:
+            return _specs().get_model(name)
+        except _specs().SpecError as err:
+            raise MacroError(str(err)) from None
+
+    def _gpu(name: str):
+        try:
+            return _specs().get_gpu(name)
+        except _specs().SpecError as err:
+            raise MacroError(str(err)) from None
+
+    @env.macro
+    def roofline_svg(gpu: str, model: str = "llama-3.1-8b", context: int = 2048,
+                     decode_batches=(1, 256), prefill_batches=(1, 8)) -> str:
+        """One GPU's roofline with a dense model's decode and prefill steps on it (derived)."""
+        m = _model(model)
+        return plots.roofline_figure(_gpu(gpu), m, context, decode_batches, prefill_batches,
+                                     formula.kv_bytes_per_token(m))
+
+    @env.macro
+    def rooflines(model: str = "llama-3.1-8b", context: int = 2048, heading: str = "###") -> str:
+        """A roofline per GPU of labs/data/gpus.yaml, each under its own heading."""
+        return "\n".join(f"{heading} {g.display_name}\n\n" + roofline_svg(name, model, context)
+                         for name, g in _specs().all_gpus().items())
+
+    @env.macro
+    def kv_budget_plot(gpu: str = "h200", max_model_len: int = 8192, models: list[str] | None = None) -> str:
+        """Where one GPU's memory goes for each model (labs.kv_sizing.budget), at the smallest TP that fits."""
+        g = _gpu(gpu)
+        names = models or list(_specs().all_models())
+        specs = [_model(name) for name in names]
+        budgets = [plots.smallest_fitting_tp(memory_budget.budget, m, g, max_model_len) for m in specs]
+        return plots.kv_budget_figure(budgets, {m.name: m.display_name for m in specs}, g, max_model_len,
+                                      vllm_facts()["version"])
+
+    @env.macro
+    def paged_attention_plot() -> str:
+        """The paged kernel's achieved bandwidth per shape against the copy bandwidth (labs/results/)."""
+        return plots.paged_attention_figures()
+
+    @env.macro
+    def kv_calculator(model: str = "llama-3.1-8b", gpu: str = "h200", max_model_len: int = 8192) -> str:
+        """The in-page KV-cache calculator, with the data files inlined for it."""
+        data = plots.calculator_data(_specs(), formula, memory_budget, vllm_facts()["version"])
+        return plots.calculator_html(data, model, gpu, max_model_len)
+
+
+# --- plots and calculator (end) ---
+
+
+# --- vLLM facts (begin) ---
+# Every vLLM name a page states (flag, default, metric, endpoint, environment
+# variable, request field, method) goes through these macros, which read
+# labs/data/vllm.yaml via labs.vllm_facts. An unknown name fails the build with
+# the closest known names; a removed one is refused unless written through
+# removed(). Each rendered name links to its row on the reference page, whose
+# tables vllm_facts_table() generates from the same file.
+
+VLLM_FACTS_PAGE = "reference/vllm-facts.md"
+
+# Reference-page table per kind: (facts section, anchor prefix, table title).
+VLLM_FACT_KINDS = {
+    "engine_args": ("engine_args", "arg", "Engine arguments"),
+    "server_args": ("server_args", "arg", "Server arguments"),
+    "bench_args": ("bench_args", "bench", "Benchmark arguments"),
+    "batch_defaults": ("batch_defaults", "batch", "Batch defaults by GPU and entry point"),
+    "metrics": ("metrics", "metric", "Prometheus metrics"),
+    "endpoints": ("endpoints", "endpoint", "HTTP endpoints"),
+    "env_vars": ("env_vars", "env", "Environment variables"),
+    "request_fields": ("request_fields", "field", "Request fields"),
+    "speculative_methods": ("speculative_methods", "spec", "Speculative-decoding methods"),
+    "quantization_methods": ("quantization_methods", "quant", "Quantization methods"),
+    "structured_output_backends": ("structured_output_backends", "so", "Structured-output backends"),
+    "removed": ("removed", "removed", "Removed names"),
+}
+
+
+def vllm_anchor(kind: str, name: str) -> str:
+    """The id of a name's row on the reference page: `arg-gpu-memory-utilization`, `metric-kv-cache-usage-perc`."""
+    prefix = VLLM_FACT_KINDS[kind][1]
+    slug = name.removeprefix("vllm:").removeprefix("--").lower()
+    slug = "".join(c if c.isalnum() else "-" for c in slug).strip("-")
+    while "--" in slug:
+        slug = slug.replace("--", "-")
+    return f"{prefix}-{slug or 'root'}"
+
+
+def _cell(value: Any) -> str:
+    """A value as a table cell: code-formatted, pipes escaped, None spelled as Python does."""
+    if isinstance(value, float) and value == float("inf"):
+        text = "inf"
+    elif isinstance(value, (list, tuple)):
+        return ", ".join(_cell(v) for v in value) if value else "`[]`"
+    elif isinstance(value, dict):
+        return "; ".join(f"{k}: {_cell(v)}" for k, v in value.items())
+    else:
+        text = _fmt_value(value)
+    return "`" + text.replace("|", "\\|") + "`"
+
+
+def _prose(text: Any) -> str:
+    return " ".join(str(text or "").split()).replace("|", "\\|")
+
+
+def _row_id(kind: str, name: str) -> str:
+    return f'<span id="{vllm_anchor(kind, name)}"></span>'
+
+
+def _args_table(section: str, kind: str) -> str:
+    from labs import vllm_facts as facts
+
+    lines = ["| Flag | Default | What it does, what vLLM uses when it is not given, and where |", "|---|---|---|"]
+    for name, entry in facts.section(section).items():
+        flags = "<br>".join(_cell(f) for f in [entry["flag"], *entry.get("aliases", [])])
+        if entry.get("hidden_aliases"):
+            flags += "<br>accepted, not in `--help`: " + ", ".join(_cell(f) for f in entry["hidden_aliases"])
+        details = [_prose(entry["meaning"])] if entry.get("meaning") else []
+        if "resolved" in entry:
+            target = entry.get("resolved_for")
+            where = ""
+            if target:
+                gpu = _specs().get_gpu(target["gpu"]).display_name
+                where = f" for `{target.get('entry', 'vllm serve')}` on an {gpu}"
+            details.append(f"**When not given:** {_cell(entry['resolved'])}{where}. {_prose(entry.get('resolved_how'))}")
+        elif entry.get("resolved_how"):
+            details.append(f"**When not given:** {_prose(entry['resolved_how'])}")
+        if "llm_default" in entry:
+            details.append(f"The `LLM` class passes {_cell(entry['llm_default'])} unless told otherwise.")
+        details.append(f"Python name `{name}`. Source: {_prose(entry.get('source'))}")
+        lines.append(f"| {_row_id(kind, entry['flag'])}{flags} | {_cell(entry['default'])} | {'<br>'.join(details)} |")
+    return "\n".join(lines)
+
+
+def _bench_table() -> str:
+    from labs import vllm_facts as facts
+
+    blocks = []
+    for command, bench in facts.section("bench_args").items():
+        engine = " It also takes every engine argument." if bench.get("engine_flags") else ""
+        lines = [f"`vllm bench {command}` ({_prose(bench['source'])}).{engine}", "",
+                 "| Flag | Default | Meaning |", "|---|---|---|"]
+        for flag, entry in bench["flags"].items():
+            lines.append(f"| {_row_id('bench_args', command + ' ' + flag)}`{flag}` | {_cell(entry['default'])} "
+                         f"| {_prose(entry.get('meaning'))} |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _batch_table() -> str:
+    from labs import vllm_facts as facts
+
+    table = facts.section("batch_defaults")
+    lines = ["| Total GPU memory (driver-reported) | Excluded | `vllm serve`: tokens, seqs | `LLM` class: tokens, seqs |",
+             "|---|---|---|---|"]
+    for tier in table["tiers"]:
+        excluded = ", ".join([*tier.get("exclude_device_names", []), *(f"capability {c}" for c in
+                                                                        tier.get("exclude_capabilities", []))])
+        serve, llm = tier["OPENAI_API_SERVER"], tier["LLM_CLASS"]
+        lines.append(f"| {_row_id('batch_defaults', str(tier['min_memory_gib']))}at least {tier['min_memory_gib']} GiB "
+                     f"| {excluded or '-'} | {num(serve['max_num_batched_tokens'])}, {serve['max_num_seqs']} "
+                     f"| {num(llm['max_num_batched_tokens'])}, {llm['max_num_seqs']} |")
+    fb = table["fallback"]
+    lines.append(f"| any other entry point | - | {num(fb['max_num_batched_tokens'])}, {fb['max_num_seqs']} | |")
+    return "\n".join(lines) + f"\n\nSource: {_prose(table['source'])}."
+
+
+def _named_table(section: str, kind: str, columns: list[tuple[str, str]]) -> str:
+    from labs import vllm_facts as facts
+
+    header = "| Name | " + " | ".join(title for title, _ in columns) + " |"
+    lines = [header, "|" + "---|" * (len(columns) + 1)]
+    for name, entry in facts.section(section).items():
+        cells = []
+        for _, key in columns:
+            value = entry.get(key)
+            if key in ("meaning", "source", "note", "when", "replaced_by", "evidence"):
+                cells.append(_prose(value))
+            elif key == "api_key":
+                cells.append("yes" if value else "no")
+            elif key == "requires":
+                cells.append("; ".join(f"{k} {_cell(v)}" for k, v in value.items()) if value else "always")
+            elif key == "defaults":
+                cells.append("; ".join(f"{cls}: {_cell(v)}" for cls, v in (value or {}).items()))
+            else:
+                cells.append(_cell(value) if value is not None else "")
+        lines.append(f"| {_row_id(kind, name)}`{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def vllm_facts_table(kind: str) -> str:
+    """One section of labs/data/vllm.yaml as a Markdown table, one anchored row per name."""
+    if kind not in VLLM_FACT_KINDS:
+        raise MacroError(f"vllm_facts_table('{kind}'): kinds are {sorted(VLLM_FACT_KINDS)}")
+    if kind in ("engine_args", "server_args"):
+        return _args_table(kind, kind)
+    if kind == "bench_args":
+        return _bench_table()
+    if kind == "batch_defaults":
+        return _batch_table()
+    columns = {
+        "metrics": [("Type", "type"), ("Labels", "labels"), ("Only with", "when"), ("Meaning", "meaning"),
+                    ("Source", "source")],
+        "endpoints": [("Methods", "methods"), ("API key", "api_key"), ("Registered", "requires"),
+                      ("Meaning", "meaning"), ("Source", "source")],
+        "env_vars": [("Default", "default"), ("Meaning", "meaning"), ("Source", "source")],
+        "request_fields": [("Default by class", "defaults"), ("Meaning", "meaning")],
+        "speculative_methods": [("Meaning", "meaning"), ("Source", "source")],
+        "quantization_methods": [("Meaning", "meaning"), ("Source", "source")],
+        "structured_output_backends": [("Meaning", "meaning"), ("Source", "source")],
+        "removed": [("Kind", "kind"), ("Removed in", "removed_in"), ("What it was", "note"),
+                    ("Use instead", "replaced_by"), ("Evidence", "evidence")],
+    }[kind]
+    table = _named_table(VLLM_FACT_KINDS[kind][0], kind, columns)
+    if kind == "endpoints":
+        guarded = facts_section("api_key_prefixes")
+        prefixes = ", ".join(f"`{p}`" for p in guarded.get("prefixes", []))
+        table = (f"The API key guards exactly the paths that start with {prefixes} "
+                 f"({_prose(guarded.get('source'))}).\n\n{table}")
+    if kind == "request_fields":
+        classes = facts_section("request_classes")
+        table += "\n\nSources: " + "; ".join(_prose(c["source"]) for c in classes.values()) + "."
+    return table
+
+
+def facts_section(name: str) -> dict[str, Any]:
+    from labs import vllm_facts as facts
+
+    return facts.section(name)
+
+
+def register_vllm_macros(env) -> None:
+    from labs import vllm_facts as facts
+
+    def _checked(lookup, *args):
+        try:
+            return lookup(*args)
+        except facts.FactError as err:
+            raise MacroError(str(err)) from None
+
+    def _link(text: str, kind: str, name: str) -> str:
+        page = env.page.file.src_uri if env.page is not None else ""
+        target = "" if page == VLLM_FACTS_PAGE else rel_link(page, VLLM_FACTS_PAGE)
+        return f"[{text}]({target}#{vllm_anchor(kind, name)})"
+
+    @env.macro
+    def flag(name: str) -> str:
+        """`--flag` linked to its reference row, with the default vLLM uses when it is not given."""
+        entry = _checked(facts.arg, name)
+        kind = _checked(facts.arg_section, name)
+        link = _link(f"`{entry['flag']}`", kind, entry["flag"])
+        version = facts.version()
+        value = _checked(facts.resolved_default, name)
+        target = entry.get("resolved_for")
+        if target:
+            gpu = _specs().get_gpu(target["gpu"]).display_name
+            return (f"{link} (default `{_fmt_value(value)}` for `{target.get('entry', 'vllm serve')}` on an {gpu} "
+                    f"in vLLM {version}; it depends on the GPU)")
+        return f"{link} (default `{_fmt_value(value)}` in vLLM {version})"
+
+    @env.macro
+    def default(name: str) -> Any:
+        """The value vLLM uses when the argument is not given (engine or server argument)."""
+        return _checked(facts.resolved_default, name)
+
+    @env.macro
+    def metric(name: str) -> str:
+        """`vllm:<name>` (or its _total/_bucket/... exposition form), checked and linked."""
+        base, _ = _checked(facts.metric, name)
+        return _link(f"`{name}`", "metrics", base)
+
+    @env.macro
+    def endpoint(path: str, method: bool = False) -> str:
+        """An HTTP path of `vllm serve`, checked and linked; `method=True` prefixes its first method."""
+        key, entry = _checked(facts.endpoint, path)
+        text = f"{entry['methods'][0]} {path}" if method else path
+        return _link(f"`{text}`", "endpoints", key)
+
+    @env.macro
+    def env_var(name: str) -> str:
+        _checked(facts.env_var, name)
+        return _link(f"`{name}`", "env_vars", name)
+
+    @env.macro
+    def request_field(name: str) -> str:
+        _checked(facts.request_field, name)
+        return _link(f"`{name}`", "request_fields", name)
+
+    @env.macro
+    def vllm_name(kind: str, name: str) -> str:
+        """A speculative method, quantization method or structured-output backend, checked and linked."""
+        _checked(facts.named, kind, name)
+        return _link(f"`{name}`", kind + "s", name)
+
+    @env.macro
+    def batch_default(name: str, gpu: str = "h200", entry: str = "vllm serve") -> int:
+        """max_num_batched_tokens or max_num_seqs as vLLM picks it for this GPU and entry point."""
+        spec = _specs().get_gpu(gpu)
+        return _checked(facts.batch_default, name, spec.memory_bytes_reported, spec.display_name, entry)
+
+    @env.macro
+    def removed(name: str, version: str | None = None, note: str | None = None) -> str:
+        """A deliberate mention of a name vLLM dropped: ~~`--swap-space`~~ (removed in vLLM 0.18.0)."""
+        entry = _checked(facts.removed, name)
+        known = entry.get("removed_in")
+        if version is not None and str(version) != str(known):
+            raise MacroError(f"removed('{name}', '{version}'): labs/data/vllm.yaml says it was removed in "
+                             f"{known or 'an unknown version'}; fix the call or the file (with evidence)")
+        when = f"removed in vLLM {known}" if known else f"gone by vLLM {facts.version()}"
+        text = f"~~`{name}`~~ ({_link(when, 'removed', name)})"
+        return f"{text}: {note}" if note else text
+
+    env.macro(vllm_facts_table)
+    env.macro(lambda: facts.version(), "vllm_version")
+
+
+# --- vLLM facts (end) ---

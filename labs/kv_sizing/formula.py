@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from labs import vllm_facts
 from labs.specs import ModelSpec, SpecError
 
 # --kv-cache-dtype values (vllm/config/cache.py CacheDType) modelled here, with
@@ -52,7 +53,7 @@ KV_DTYPES = ("auto", *KV_DTYPE_BYTES, *KV_DTYPE_ALIASES)
 # vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE. The attention backend can
 # raise it (platforms/interface.py update_block_size_for_backend): FlashMLA,
 # DeepSeek's MLA backend on Hopper, only runs 64-token blocks.
-DEFAULT_BLOCK_SIZE = 16
+DEFAULT_BLOCK_SIZE = vllm_facts.resolved_default("block_size")  # 16, from labs/data/vllm.yaml
 MLA_BLOCK_SIZE = 64
 
 

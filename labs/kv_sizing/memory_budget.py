@@ -39,13 +39,14 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from labs import vllm_facts
 from labs.kv_sizing import formula
 from labs.specs import GPUSpec, ModelSpec, SpecError
 
 GIB = 2**30
 
-# vllm/config/cache.py CacheConfig.gpu_memory_utilization default (0.92 in 0.33).
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+# vllm/config/cache.py CacheConfig.gpu_memory_utilization default, from labs/data/vllm.yaml.
+DEFAULT_GPU_MEMORY_UTILIZATION = vllm_facts.resolved_default("gpu_memory_utilization")
 
 SOURCES = (
     "vllm/v1/worker/utils.py request_memory",
@@ -63,16 +64,12 @@ SOURCES = (
 def vllm_batch_defaults(gpu: GPUSpec) -> tuple[int, int]:
     """(max_num_batched_tokens, max_num_seqs) that `vllm serve` picks on this GPU.
 
-    vllm/engine/arg_utils.py `get_batch_defaults`, OpenAI-server context:
-    >= 160 GiB -> (16384, 1024); >= 70 GiB and not an A100 -> (8192, 1024);
-    otherwise (2048, 256).
+    vllm/engine/arg_utils.py `get_batch_defaults`, OpenAI-server context, as
+    recorded in labs/data/vllm.yaml's `batch_defaults` table (memory tiers).
     """
-    total = gpu.memory_bytes_budget
-    if total >= 160 * GIB:
-        return 16384, 1024
-    if total >= 70 * GIB and "a100" not in gpu.name.lower():
-        return 8192, 1024
-    return 2048, 256
+    total, name = gpu.memory_bytes_budget, gpu.name
+    return (vllm_facts.batch_default("max_num_batched_tokens", total, name),
+            vllm_facts.batch_default("max_num_seqs", total, name))
 
 
 def estimate_activation_peak(model: ModelSpec, num_tokens: int, max_num_seqs: int, tp: int = 1) -> int:

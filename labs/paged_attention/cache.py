@@ -49,13 +49,15 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from labs import vllm_facts
+
 if TYPE_CHECKING:  # torch is imported only where a tensor is made; see PagedKVCache.
     import torch
 
 # Block sizes the kernel is built and tested for. vLLM's default is 16
 # (CacheConfig.DEFAULT_BLOCK_SIZE in vllm/config/cache.py, v0.33.0).
 SUPPORTED_BLOCK_SIZES = (1, 8, 16, 32)
-DEFAULT_BLOCK_SIZE = 16
+DEFAULT_BLOCK_SIZE = vllm_facts.resolved_default("block_size")  # 16, from labs/data/vllm.yaml
 NULL_BLOCK = 0
 
 

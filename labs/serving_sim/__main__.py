@@ -23,7 +23,7 @@ import math
 import sys
 from pathlib import Path
 
-from labs import specs
+from labs import specs, vllm_facts
 from labs.serving_sim import scenarios
 
 SUBCOMMANDS = ("batching", "chunked-prefill", "preemption", "spec-decode", "knobs", "sampling", "defaults")
@@ -88,7 +88,7 @@ def _common(p: argparse.ArgumentParser, *, engine: bool = True, max_num_seqs_def
                        help="token budget per step, as vLLM's flag (default: vLLM's `vllm serve` default for the GPU)")
         p.add_argument("--max-model-len", type=_positive_int, default=None,
                        help="longest request in tokens (default: the model's max_position_embeddings)")
-        p.add_argument("--gpu-memory-utilization", type=float, default=0.92,
+        p.add_argument("--gpu-memory-utilization", type=float, default=vllm_facts.resolved_default("gpu_memory_utilization"),
                        help="fraction of GPU memory for this instance, sizes the KV pool (default: %(default)s)")
         p.add_argument("--num-gpu-blocks-override", type=_positive_int, default=None,
                        help="KV pool size in blocks instead of the sized pool, as vLLM's flag (default: sized)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from labs import specs
-from labs.kv_sizing.memory_budget import budget
+from labs.kv_sizing.memory_budget import DEFAULT_GPU_MEMORY_UTILIZATION, budget
 from labs.serving_sim import report, spec_decode
 from labs.serving_sim.cost import Chunk, Roofline
 from labs.serving_sim.defaults import CONTEXTS, batch_defaults
@@ -52,9 +52,11 @@ class Setup:
 
 
 def setup(model: str, gpu: str, *, max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-          max_model_len: int | None = None, kv_cache_dtype: str = "auto", gpu_memory_utilization: float = 0.92,
+          max_model_len: int | None = None, kv_cache_dtype: str = "auto", gpu_memory_utilization: float | None = None,
           num_gpu_blocks_override: int | None = None, overhead_ms: float = 0.0) -> Setup:
     """Roofline and KV pool for `model` on `gpu`; unset limits take vLLM's `vllm serve` defaults."""
+    if gpu_memory_utilization is None:
+        gpu_memory_utilization = DEFAULT_GPU_MEMORY_UTILIZATION
     m, g = specs.get_model(model), specs.get_gpu(gpu)
     cost = Roofline(m, g, kv_cache_dtype, overhead_ms / 1e3)
     max_model_len = max_model_len or m.max_position_embeddings
