@@ -36,6 +36,7 @@ JSON written by --out (DIR/paged_attention.json) and --record
           "sdpa_backend": str,                   # which SDPA backend the default call ran
           "sdpa_kernels": [str],                 # its CUDA kernel names, from the profiler
           "max_memory_reserved_gib": float,
+          "table": str,                          # the timing table main() printed: format_table(rows)
           "rows": [{
             "shape": str,                        # name in SHAPES
             "batch": int, "context_len": int, "q_heads": int, "kv_heads": int, "head_dim": int,
@@ -332,9 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"SDPA default backend: {backend} ({', '.join(sdpa_names) or 'no kernels seen'})")
 
     rows = []
-    header = (f"{'shape':<12} {'splits':>6} {'time us':>9} {'floor us':>9} {'TB/s':>6} {'of copy':>8} "
-              f"{'SDPA us':>8} {'vs SDPA':>8} {'spread':>7}")
-    print(header)
+    print(TABLE_HEADER)
     for name in names:
         s, p = SHAPES[name], problems[name]
         ns, fn = decode_fn(p, s, **knobs)
@@ -372,8 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             "sdpa_rel_err": float(f"{errors[name][1]:.3g}"),
         }
         rows.append(row)
-        print(f"{name:<12} {ns:>6} {t1:>9.1f} {row['floor_us']:>9.1f} {tb_s:>6.2f} {row['copy_fraction']:>8.3f} "
-              f"{t_sdpa:>8.1f} {row['ratio_to_sdpa']:>8.3f} {row['rerun_spread']:>7.3f}   SDPA forced: {by_backend}")
+        print(format_row(row))
 
     entry = {
         **env,
@@ -382,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         "sdpa_backend": backend,
         "sdpa_kernels": sdpa_names,
         "max_memory_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+        "table": format_table(rows),
         "rows": rows,
     }
     if args.out:
@@ -398,6 +397,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:  # the device machine sends back only --out: keep a copy of the whole file there
             write_json(args.out / "recorded_paged_attention.json", gpus)
     return 0
+
+
+# The timing table as main() prints it. The same text is stored in each GPU's entry
+# ("table"), so a page can show what the command printed without anyone retyping it.
+TABLE_HEADER = (f"{'shape':<12} {'splits':>6} {'time us':>9} {'floor us':>9} {'TB/s':>6} {'of copy':>8} "
+                f"{'SDPA us':>8} {'vs SDPA':>8} {'spread':>7}")
+
+
+def format_row(row: dict) -> str:
+    """One line of the timing table, from a row of the JSON entry (torch-free)."""
+    return (f"{row['shape']:<12} {row['num_splits']:>6} {row['time_us']:>9.1f} {row['floor_us']:>9.1f} "
+            f"{row['tb_s']:>6.2f} {row['copy_fraction']:>8.3f} {row['sdpa_time_us']:>8.1f} "
+            f"{row['ratio_to_sdpa']:>8.3f} {row['rerun_spread']:>7.3f}   SDPA forced: {row['sdpa_us_by_backend']}")
+
+
+def format_table(rows: list[dict]) -> str:
+    """The header and one line per row, as printed; stored as the entry's "table"."""
+    return "\n".join([TABLE_HEADER, *(format_row(r) for r in rows)])
 
 
 def write_json(path: Path, gpus: dict) -> None:

@@ -1,0 +1,183 @@
+"""The paged-attention lab's page macros: the numbers they render are the recorded ones.
+
+No torch: labs/paged_attention/report.py must run in the site-only environment. The
+table is parsed back into numbers and compared with the JSON it was rendered from,
+so a column that shows the wrong field, or a rounding that changes a value, fails.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from labs.paged_attention import bench, report
+
+RECORDED = json.loads(bench.RESULTS_PATH.read_text(encoding="utf-8"))["gpus"]
+
+
+def _row(shape: str, batch: int, ctx: int, hq: int, hkv: int, time_us: float, copy_tb_s: float) -> dict:
+    kv_bytes = 2 * batch * ctx * hkv * 128 * 2
+    tb_s = kv_bytes / time_us / 1e6
+    return {
+        "shape": shape, "batch": batch, "context_len": ctx, "q_heads": hq, "kv_heads": hkv, "head_dim": 128,
+        "block_size": 16, "dtype": "bfloat16", "num_splits": 3, "tile_n": 64, "num_warps": 4, "num_stages": 3,
+        "kv_bytes": kv_bytes, "floor_us": round(kv_bytes / copy_tb_s / 1e6, 2), "time_us": time_us,
+        "rerun_spread": 0.001, "tb_s": round(tb_s, 3), "copy_fraction": round(tb_s / copy_tb_s, 3),
+        "sdpa_time_us": round(time_us * 0.97, 2), "ratio_to_sdpa": round(1 / 0.97, 3),
+        "sdpa_us_by_backend": {"cudnn": round(time_us * 0.97, 2)}, "rel_err": 0.002, "sdpa_rel_err": 0.002,
+    }
+
+
+def _entry(gpu: str, date: str, copy_tb_s: float, backend: str, rows: list[dict]) -> dict:
+    return {
+        "gpu": gpu, "compute_capability": "9.0", "sm_count": 132, "driver": "999.1", "torch": "9.9.9",
+        "cuda": "99.0", "triton": "8.8.8", "date": date, "copy_tb_s": copy_tb_s, "copy_graph_tb_s": 1.0,
+        "sdpa_backend": backend, "sdpa_kernels": [], "max_memory_reserved_gib": 1.0,
+        "table": bench.format_table(rows), "rows": rows,
+    }
+
+
+TWO_GPUS = {
+    "GPU Alpha": _entry("GPU Alpha", "2030-01-02", 3.0, "cudnn",
+                        [_row("b8-l1k", 8, 1024, 32, 8, 41.37, 3.0), _row("b2-l9k", 2, 9000, 16, 4, 77.7, 3.0)]),
+    "GPU Beta": _entry("GPU Beta", "2030-03-04", 7.5, "flash", [_row("b8-l1k", 8, 1024, 32, 8, 12.34, 7.5)]),
+}
+
+
+@pytest.fixture
+def results(tmp_path, monkeypatch):
+    """Point the macros at a results file of the test's choosing; returns a writer."""
+    path = tmp_path / "paged_attention.json"
+    monkeypatch.setattr(report, "RESULTS_PATH", path)
+
+    def write(gpus: dict | None = None, text: str | None = None) -> Path:
+        if text is not None:
+            path.write_text(text)
+        else:
+            bench.write_json(path, gpus)
+        return path
+
+    return write
+
+
+def _table_rows(markdown: str) -> list[list[str]]:
+    """The data rows of every pipe table in the Markdown, as lists of cell text."""
+    rows = []
+    for line in markdown.splitlines():
+        if line.startswith("| `"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def _num(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+def _assert_table_matches(markdown: str, gpus: dict) -> None:
+    rows = _table_rows(markdown)
+    expected = [(e, r) for e in gpus.values() for r in e["rows"]]
+    assert len(rows) == len(expected), f"{len(rows)} table rows for {len(expected)} recorded rows"
+    for cells, (e, r) in zip(rows, expected):
+        shape, dims, splits, t, floor, mib, tbs, frac, sdpa, ratio, backend = cells
+        assert shape == f"`{r['shape']}`"
+        assert [int(x) for x in re.findall(r"\d+", dims)] == [r["batch"], r["context_len"], r["q_heads"],
+                                                              r["kv_heads"]]
+        assert int(splits) == r["num_splits"]
+        assert _num(t) == pytest.approx(r["time_us"], abs=0.05)
+        assert _num(floor) == pytest.approx(r["floor_us"], abs=0.05)
+        assert _num(mib) == pytest.approx(r["kv_bytes"] / 2**20, abs=0.5)
+        assert _num(tbs) == pytest.approx(r["tb_s"], abs=0.005)
+        assert _num(frac) == r["copy_fraction"]
+        assert _num(sdpa) == pytest.approx(r["sdpa_time_us"], abs=0.05)
+        assert _num(ratio) == r["ratio_to_sdpa"]
+        assert backend == e["sdpa_backend"]
+
+
+def test_table_of_the_recorded_file_shows_its_numbers():
+    md = report.paged_attention_results_table()
+    _assert_table_matches(md, RECORDED)
+    for e in RECORDED.values():
+        for value in (e["gpu"], e["driver"], e["torch"], e["triton"], e["date"], f"{e['copy_tb_s']:.2f} TB/s"):
+            assert value in md
+
+
+def test_one_table_per_gpu_each_with_its_own_environment(results):
+    results(TWO_GPUS)
+    md = report.paged_attention_results_table()
+    _assert_table_matches(md, TWO_GPUS)
+    alpha, beta = md.split("**GPU Beta**")
+    assert "**GPU Alpha**" in alpha and "2030-01-02" in alpha and "2030-03-04" not in alpha
+    assert "2030-03-04" in beta and "7.50 TB/s" in beta and "| flash |" in beta
+    assert md.count("| Shape |") == 2
+
+
+def test_gpu_argument_picks_one_table(results):
+    results(TWO_GPUS)
+    md = report.paged_attention_results_table(gpu="beta")
+    _assert_table_matches(md, {"GPU Beta": TWO_GPUS["GPU Beta"]})
+    with pytest.raises(report.ResultsError, match="matches"):
+        report.paged_attention_results_table(gpu="GPU")  # two GPUs match: ambiguous
+    with pytest.raises(report.ResultsError, match="GPU Alpha"):
+        report.paged_attention_results_table(gpu="gamma")
+
+
+@pytest.mark.parametrize("content", ["missing", "empty", "no gpus"])
+def test_without_results_the_page_says_how_to_record_them(results, content):
+    if content == "empty":
+        results(text="")
+    elif content == "no gpus":
+        results({})
+    for md in (report.paged_attention_results_table(), report.paged_attention_env(),
+               report.paged_attention_headline()):
+        assert md.startswith("No paged-attention results are recorded yet.")
+        assert report.RECORD_COMMAND in md
+        assert "|" not in md
+    assert report.paged_attention_recorded() is False
+    with pytest.raises(report.ResultsError, match="paged_attention_recorded"):
+        report.paged_attention_row("b32-l4k")
+
+
+def test_malformed_file_fails_loudly(results):
+    results(text=json.dumps({"schema": 99, "gpus": {}}))
+    with pytest.raises(report.ResultsError, match="schema 1"):
+        report.paged_attention_results_table()
+
+
+def test_headline_and_row_quote_the_recorded_row(results):
+    results(TWO_GPUS)
+    r = TWO_GPUS["GPU Alpha"]["rows"][1]
+    assert report.paged_attention_row("b2-l9k", gpu="GPU Alpha") is not None
+    assert report.paged_attention_row("b2-l9k", gpu="GPU Alpha")["time_us"] == r["time_us"]
+    line = report.paged_attention_headline("b2-l9k", gpu="GPU Alpha")
+    assert "GPU Alpha" in line and "2030-01-02" in line
+    assert f"{r['time_us']:.1f} µs" in line and f"{r['tb_s']:.2f} TB/s" in line
+    assert "(2, 9000, 16, 4)" in line
+    with pytest.raises(report.ResultsError, match="b8-l1k"):
+        report.paged_attention_row("b1-l4k", gpu="GPU Alpha")
+    with pytest.raises(report.ResultsError, match="several GPUs"):
+        report.paged_attention_row("b8-l1k")
+
+
+def test_recorded_transcript_is_what_format_table_prints():
+    """The `table` string a question shows as the command's output is derived from the rows."""
+    for e in RECORDED.values():
+        assert e["table"] == bench.format_table(e["rows"])
+        assert e["table"].splitlines()[0] == bench.TABLE_HEADER
+        for line, r in zip(e["table"].splitlines()[1:], e["rows"], strict=True):
+            assert line.split()[:2] == [r["shape"], str(r["num_splits"])]
+
+
+def test_macros_are_prefixed_unique_and_torch_free():
+    names = [fn.__name__ for fn in report.MACROS]
+    assert len(names) == len(set(names))
+    assert all(n.startswith("paged_attention_") for n in names)
+    code = ("import sys; from labs.paged_attention import report; report.paged_attention_results_table(); "
+            "assert 'torch' not in sys.modules and 'triton' not in sys.modules, sorted(sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
