@@ -23,9 +23,10 @@ import platform
 import sys
 from pathlib import Path
 
+from labs.oom.transcript import format_report
+
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = ("kv-too-small", "prefill-activation", "two-instances", "fragmentation")
-GIB = 2**30
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,38 +40,11 @@ def _parser() -> argparse.ArgumentParser:
                         "(PATH gets the scenario name inserted before its suffix)")
     p.add_argument("--out", metavar="DIR", help="write the report as DIR/oom.json")
     p.add_argument("--record", action="store_true",
-                   help="also merge the report into labs/results/oom.json, which the site renders")
+                   help="also merge the report into labs/results/oom.json, which the site renders "
+                        "(each scenario with the text printed for it, as 'transcript')")
     p.add_argument("--fragment-child", action="store_true",
                    help="internal: run the fragmentation allocation pattern in this fresh process and print JSON")
     return p
-
-
-def _g(x: int) -> str:
-    return f"{x / GIB:.2f} GiB"
-
-
-def _print(r: dict) -> None:
-    ev, dg = r["evidence"], r["diagnosis"]
-    print(f"=== {r['scenario']} ===")
-    print(f"what failed : {r['failure']['error']}")
-    if r["failure"].get("cuda_error"):
-        print(f"              {r['failure']['cuda_error']}")
-    print(f"evidence    : driver free {_g(ev['free'])} of {_g(ev['total'])}; reserved {_g(ev['reserved'])}, "
-          f"allocated {_g(ev['allocated'])}; largest free cached block {_g(ev['largest_free_block'])}; "
-          f"requested {_g(ev['requested'])}")
-    if "peak_vs_tokens" in r:
-        sweep = ", ".join(f"{p['batched_tokens']}: {_g(p['peak_bytes'])}" for p in r["peak_vs_tokens"])
-        print(f"peak/tokens : {sweep}  ({r['activation_bytes_per_token'] / 1024:.0f} KiB per token)")
-    print(f"cause       : {dg['cause']}")
-    print(f"knob        : {dg['knob']}")
-    fix = r["fix"]
-    print(f"after fix   : {fix['knob']} -> {'passed' if fix['passed'] else 'FAILED'}"
-          + (f" (peak {_g(fix['peak_bytes'])})" if "peak_bytes" in fix else ""))
-    m = r["memory"]
-    print(f"memory      : allocated {m['start']['allocated']} -> {m['end']['allocated']} bytes, driver used "
-          f"{_g(m['start']['used'])} -> {_g(m['end']['used'])}: "
-          f"{'back to baseline' if m['back_to_baseline'] else 'NOT back to baseline'}")
-    print(f"as predicted: {r['as_predicted']}\n")
 
 
 def _snapshot_path(base: str | None, name: str, many: bool) -> str | None:
@@ -107,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as exc:  # e.g. a GPU too small for the model-shaped layer
             print(f"error: {name}: {exc}", file=sys.stderr)
             return 2
-        _print(reports[name])
+        # Keep the printed text with the numbers it came from, so the site can show it.
+        reports[name]["transcript"] = format_report(reports[name])
+        print(reports[name]["transcript"] + "\n")
     doc = {"lab": "oom", "date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
            "total_memory_bytes": torch.cuda.mem_get_info()[1],
            "versions": {"torch": torch.__version__, "cuda": torch.version.cuda,

@@ -1,0 +1,122 @@
+"""The OOM lab's recorded runs as Markdown for the site. No torch here.
+
+Everything shown comes from labs/results/oom.json, which
+`python -m labs.oom --scenario all --out DIR --record` writes on a CUDA GPU:
+the text the CLI printed for each scenario (its `transcript`), and the
+numbers behind it. macros.py registers every function in `MACROS` as a page
+macro under its own name, hence the `oom_` prefix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from labs import specs
+from labs.kv_sizing.memory_budget import estimate_activation_peak
+from labs.oom.transcript import format_report
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULT = ROOT / "labs" / "results" / "oom.json"
+RECORD_COMMAND = "python -m labs.oom --scenario all --out /tmp/oom --record"
+GIB, MIB = 2**30, 2**20
+
+
+class ReportError(ValueError):
+    """A macro asked for a scenario the recorded file does not hold; the build fails with this."""
+
+
+def _load(path: Path) -> dict | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _missing(path: Path, command: str) -> str:
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    return (f"!!! warning \"Not recorded yet\"\n    `{shown}` does not exist. On a CUDA GPU, "
+            f"run `{command}` and rebuild the site.")
+
+
+def _provenance(data: dict) -> str:
+    v = data.get("versions", {})
+    return (f"Recorded on an {data['gpu']} ({data['total_memory_bytes'] / GIB:.2f} GiB as cudaMemGetInfo reports it) "
+            f"on {data['date']}, torch {v.get('torch', '?')}, CUDA {v.get('cuda', '?')}.")
+
+
+def _scenario(data: dict, name: str) -> dict:
+    if name not in data["scenarios"]:
+        raise ReportError(f"oom: no recorded scenario {name!r}; recorded: {sorted(data['scenarios'])}")
+    return data["scenarios"][name]
+
+
+def _size(n: int) -> str:
+    return f"{n / GIB:,.2f} GiB" if n >= GIB else f"{n / MIB:,.0f} MiB"
+
+
+def oom_result(name: str, path: str | None = None) -> dict:
+    """One recorded scenario's report, for pages that quote a single number (`.evidence.free`)."""
+    file = Path(path) if path else RESULT
+    data = _load(file)
+    if data is None:
+        raise ReportError(f"{file} does not exist: on a CUDA GPU, run "
+                          f"`python -m labs.oom --scenario {name} --out /tmp/oom --record`")
+    return _scenario(data, name)
+
+
+def oom_scenario(name: str, path: str | None = None) -> str:
+    """The recorded output of `python -m labs.oom --scenario NAME`, in a text block, with where it ran."""
+    file = Path(path) if path else RESULT
+    data = _load(file)
+    if data is None:
+        return _missing(file, f"python -m labs.oom --scenario {name} --out /tmp/oom --record")
+    r = _scenario(data, name)
+    # A file recorded before transcripts were stored: the same formatter the CLI prints with.
+    text = r.get("transcript") or format_report(r)
+    return f"```text\n{text}\n```\n\n{_provenance(data)}"
+
+
+def oom_summary_table(path: str | None = None) -> str:
+    """One row per scenario: the error, the diagnosed cause, the fix and whether the run after it passed."""
+    file = Path(path) if path else RESULT
+    data = _load(file)
+    if data is None:
+        return _missing(file, RECORD_COMMAND)
+    lines = ["| Scenario | What failed | Diagnosed as | Fix applied | After the fix | Memory back to baseline |",
+             "|---|---|---|---|---|---|"]
+    for name, r in data["scenarios"].items():
+        error = r["failure"]["error"].split(":")[0]
+        lines.append(f"| `{name}` | `{error}` | {r['diagnosis']['kind']} | `{r['fix']['knob']}` | "
+                     f"{'passed' if r['fix']['passed'] else '**failed**'} | "
+                     f"{'yes' if r['memory']['back_to_baseline'] else '**no**'} |")
+    return "\n".join(lines) + "\n\n" + _provenance(data)
+
+
+def oom_prefill_peaks_table(path: str | None = None) -> str:
+    """Measured activation peak of one decoder layer against batched tokens, beside the calculator's estimate."""
+    file = Path(path) if path else RESULT
+    data = _load(file)
+    if data is None:
+        return _missing(file, "python -m labs.oom --scenario prefill-activation --out /tmp/oom --record")
+    r = _scenario(data, "prefill-activation")
+    model = specs.get_model(r["model"])
+    lines = ["| Batched tokens | Measured peak (torch) | Per token | Calculator's MLP estimate | Measured ÷ estimate |",
+             "|---:|---:|---:|---:|---:|"]
+    for p in r["peak_vs_tokens"]:
+        t, peak = p["batched_tokens"], p["peak_bytes"]
+        est = estimate_activation_peak(model, t, 0)  # no sampler rows: this is one layer's forward
+        lines.append(f"| {t:,} | {_size(peak)} | {peak / t / 1024:,.0f} KiB | {_size(est)} | {peak / est:.2f} |")
+    fix, setup = r["fix"], r["setup"]
+    per_token = r["activation_bytes_per_token"]
+    lines += [
+        "",
+        f"One {model.display_name}-shaped decoder layer with random bf16 weights, eager PyTorch. The slope is "
+        f"{per_token / 1024:,.0f} KiB per batched token. A {setup['batched_tokens']:,}-token prefill in one step "
+        f"would need about {_size(setup['batched_tokens'] * per_token)} with {_size(setup['headroom'])} left beside "
+        f"the pool, and failed; the same prompt in chunks of {fix['chunk_tokens']:,} tokens peaked at "
+        f"{_size(fix['peak_bytes'])} and finished all {fix['tokens_prefilled']:,} tokens. "
+        f"Chunked and one-step outputs differ by at most {r['chunked_max_abs_diff']:g} (bf16, checked at 2,048 tokens). "
+        + _provenance(data),
+    ]
+    return "\n".join(lines)
+
+
+MACROS = [oom_result, oom_scenario, oom_summary_table, oom_prefill_peaks_table]
