@@ -6,9 +6,12 @@ site test also proves that the site never needs them.
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 from pathlib import Path
@@ -24,12 +27,53 @@ BUILD_WITHOUT_TORCH = (
 )
 
 
-def mkdocs_build(project: Path, out: Path, strict: bool = True) -> subprocess.CompletedProcess:
+def mkdocs_build(project: Path, out: Path, strict: bool = True, site_url: str | None = None
+                 ) -> subprocess.CompletedProcess:
     args = [sys.executable, "-c", BUILD_WITHOUT_TORCH, "build", "-d", str(out)]
     if strict:
         args.append("--strict")
+    env = {key: value for key, value in os.environ.items() if key != "SITE_URL"}
+    if site_url:
+        env["SITE_URL"] = site_url  # mkdocs.yml: site_url: !ENV SITE_URL
     return subprocess.run(args, cwd=project, capture_output=True, text=True, timeout=600,
-                          env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+                          env={**env, "NO_MKDOCS_2_WARNING": "1"})
+
+
+_SESSION_SITE: dict[str, Path] = {}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def session_site(tmp_path_factory) -> Path:
+    """The real site, built once per test session and shared by every module that asks.
+
+    A session fixture defined in two test modules would build twice; both
+    modules' fixtures call this instead. The build is strict, without -q, with
+    torch and triton unimportable, and must print no warning. Its site_url is
+    the address the browser tests serve it on (`session_site_url`), because
+    Material's instant navigation only follows links of its own site_url.
+    """
+    if "site" not in _SESSION_SITE:
+        out = tmp_path_factory.mktemp("site")
+        url = f"http://127.0.0.1:{_free_port()}/"
+        start = time.perf_counter()
+        result = mkdocs_build(ROOT, out, strict=True, site_url=url)
+        seconds = time.perf_counter() - start
+        assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr[-5000:]}"
+        warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING")]
+        assert not warnings, "\n".join(warnings)
+        print(f"\nfull site built in {seconds:.1f} s (torch and triton unimportable)")
+        _SESSION_SITE["site"], _SESSION_SITE["url"] = out, url
+    return _SESSION_SITE["site"]
+
+
+def session_site_url() -> str:
+    """The address `session_site` was built for: serve it there."""
+    return _SESSION_SITE["url"]
 
 
 # Files a minimal copy of the site needs besides its content.

@@ -13,7 +13,6 @@ from __future__ import annotations
 import html as html_lib
 import posixpath
 import sys
-import time
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -22,7 +21,7 @@ import pytest
 pytest.importorskip("mkdocs")
 pytest.importorskip("pydantic")
 
-from site_helpers import ROOT, article_html, mkdocs_build, parse_site  # noqa: E402
+from site_helpers import ROOT, article_html, parse_site, session_site  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "docs" / ".hooks"))
 import bank as bank_lib  # noqa: E402
@@ -31,15 +30,7 @@ from bank_render import QUESTION_SECTIONS  # noqa: E402
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("site")
-    start = time.perf_counter()
-    result = mkdocs_build(ROOT, out, strict=True)
-    seconds = time.perf_counter() - start
-    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr[-5000:]}"
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("WARNING")]
-    assert not warnings, "\n".join(warnings)
-    print(f"\nfull site built in {seconds:.1f} s (torch and triton unimportable)")
-    return out
+    return session_site(tmp_path_factory)  # one build per session, shared with test_browser.py
 
 
 @pytest.fixture(scope="session")

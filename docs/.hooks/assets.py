@@ -35,6 +35,7 @@ from mkdocs.structure.files import File
 # extra_javascript name them by these paths.
 VENDOR_DIR = "assets/vendor"
 DEFAULT_REGISTRY = "https://registry.npmjs.org"
+CACHE_NAME = "llm-inference-interview-bank"  # the folder under ~/.cache (CI caches it by this name)
 TIMEOUT_S = 60
 
 
@@ -87,7 +88,7 @@ def cache_dir() -> Path:
     if os.environ.get("LLM_BANK_CACHE_DIR"):
         return Path(os.environ["LLM_BANK_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "llm-inference-interview-bank"
+    return Path(base) / CACHE_NAME
 
 
 def registry() -> str:
@@ -152,7 +153,7 @@ def unpack(package: Package, tarball: Path) -> dict[str, Path]:
             members = [m for m in tar.getmembers() if m.isfile() and m.name.startswith("package/")]
             for member in members:
                 rel = member.name[len("package/"):]
-                if not any(fnmatch.fnmatch(rel, pattern) for pattern in package.files):
+                if ".." in rel.split("/") or not any(fnmatch.fnmatch(rel, pattern) for pattern in package.files):
                     continue
                 target = dest / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -160,7 +161,8 @@ def unpack(package: Package, tarball: Path) -> dict[str, Path]:
         stamp.write_text(package.integrity)
     found: dict[str, Path] = {}
     for pattern in package.files:
-        matches = sorted(p for p in dest.rglob("*") if p.is_file() and fnmatch.fnmatch(p.relative_to(dest).as_posix(), pattern))
+        matches = sorted(p for p in dest.rglob("*")
+                         if p.is_file() and fnmatch.fnmatch(p.relative_to(dest).as_posix(), pattern))
         if not matches:
             raise AssetError(f"assets: {package.tarball_name} has no file matching '{pattern}'")
         found.update({p.relative_to(dest).as_posix(): p for p in matches})

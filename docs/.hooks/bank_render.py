@@ -8,6 +8,7 @@ files, while code is wrapped in `{% raw %}` and never passes through Jinja.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import shlex
@@ -64,6 +65,19 @@ def _question_item(from_uri: str, bq: BankQuestion) -> str:
 
 def _sources(sources) -> str:
     return "\n".join(f"- [{s.title}]({s.url})" for s in sources)
+
+
+# Practice mode (docs/javascripts/practice.js) hides what a `bank-answer` block
+# holds until the reader reveals it; `data-reveal` names it on the button. The
+# blocks are plain <div>s: without JavaScript every answer stays readable.
+def _answer(body: str, label: str) -> str:
+    return f'<div class="bank-answer" data-reveal="{label}" markdown>\n\n{body}\n\n</div>'
+
+
+def _practice_slot(kind: str, **data: str) -> str:
+    """An empty element practice.js fills (mode switch, marks, rounds); it renders nothing without JavaScript."""
+    attrs = "".join(f' data-{key}="{html.escape(value, quote=True)}"' for key, value in data.items())
+    return f'<div class="bank-practice bank-practice--{kind}"{attrs}></div>'
 
 
 # ---------------------------------------------------------------------------
@@ -146,14 +160,16 @@ def question_page(bank: Bank, bq: BankQuestion) -> str:
         f"{module.label} · tests {_lesson_item(bank, uri, q.lesson)} · "
         f"[how to answer]({rel_link(uri, 'how-to-answer.md')})\n{{: .bank-meta }}",
     ]
+    parts.append(_practice_slot("bar", question=bq.id, module=f"part-{q.part}"))
     if q.topic:
         parts.append(f'!!! abstract "From the bank\'s topic list"\n    {q.topic}')
-    parts += ["## Direct answer", q.answer, "## Deep dive", q.deep_dive]
+    parts += ["## Direct answer", _answer(q.answer, "the direct answer"),
+              "## Deep dive", _answer(q.deep_dive, "the deep dive")]
     if q.code:
-        parts += ["## Code", _code_section(bank.root, q)]
+        parts += ["## Code", _answer(_code_section(bank.root, q), "the code")]
     parts.append("## Interviewer follow-ups")
     for i, fu in enumerate(q.follow_ups, 1):
-        parts += [f"### {i}. {fu.q}", fu.a]
+        parts += [f"### {i}. {fu.q}", _answer(fu.a, f"the answer to follow-up {i}")]
     linked = [f"- Tests: {_lesson_item(bank, uri, q.lesson)}"]
     linked += [f"- Touches: {_lesson_item(bank, uri, lid)}" for lid in q.also]
     related = bank.related(bq)
@@ -161,7 +177,9 @@ def question_page(bank: Bank, bq: BankQuestion) -> str:
         linked.append("\nRelated questions (they share a lesson with this one):\n")
         linked += [f"- {_question_item(uri, other)}" for other in related]
     parts += ["## Linked concept", "\n".join(linked)]
-    parts += ["## Common weak answer", q.weak_answer, "## How to validate", q.validate_]
+    parts += ["## Common weak answer", _answer(q.weak_answer, "the weak answer"),
+              "## How to validate", _answer(q.validate_, "how to validate"),
+              _practice_slot("marks", question=bq.id)]
     parts += ["## Sources", _sources(q.sources)]
     parts.append(
         f'<p class="bank-verified">Checked against vLLM {q.verified.vllm} (V1 engine) on '
@@ -197,12 +215,16 @@ def bank_index(bank: Bank) -> str:
         "to avoid and how to prove the answer on a real system. Each question links the lesson it "
         f"tests. New here? Read [how to answer]({rel_link(uri, 'how-to-answer.md')}) first."
     )
+    out.append(_practice_slot("rounds", root="./", ids=" ".join(bq.id for bq in bank.questions.values())))
     for module in bank.modules:
         if not module.bank:
             continue
         questions = bank.questions_of(module.part)
         index = f"questions/part-{module.part}/index.md"
         out.append(f"## [{module.label}]({rel_link(uri, index)})")
+        if questions:
+            out.append(_practice_slot("module", root="./", module=f"part-{module.part}",
+                                      label=module.label, ids=" ".join(bq.id for bq in questions)))
         out.append(_question_table(bank, uri, questions) if questions else "_No questions yet: planned._")
     return "\n\n".join(out) + "\n"
 
@@ -213,6 +235,9 @@ def bank_module_index(bank: Bank, module: Module) -> str:
     lessons_index = f"lessons/part-{module.part}/index.md"
     out.append(f"{module.scope} Lessons: [{module.label}]({rel_link(uri, lessons_index)}).")
     questions = bank.questions_of(module.part)
+    if questions:
+        out.append(_practice_slot("module", root="../", module=f"part-{module.part}",
+                                  label=module.label, ids=" ".join(bq.id for bq in questions)))
     out.append(_question_table(bank, uri, questions) if questions else "_No questions yet: planned._")
     return "\n\n".join(out) + "\n"
 

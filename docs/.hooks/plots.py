@@ -193,9 +193,10 @@ def roofline_svg(gpu, model, points: list[WorkPoint]) -> str:
 
     def roof(top: float, kind: str, name: str) -> None:
         ridge = top / bw
-        path = f"M{_fmt(xs(xs.lo))},{_fmt(ys(bw * xs.lo))} L{_fmt(xs(ridge))},{_fmt(ys(top))} L{_fmt(xs(xs.hi))},{_fmt(ys(top))}"
+        x0, y0, xr, yr = xs(xs.lo), ys(bw * xs.lo), xs(ridge), ys(top)
+        path = f"M{_fmt(x0)},{_fmt(y0)} L{_fmt(xr)},{_fmt(yr)} L{_fmt(xs(xs.hi))},{_fmt(yr)}"
         body.append(f'<path d="{path}" class="plot-roof plot-roof--{kind}"/>')
-        body.append(f'<circle cx="{_fmt(xs(ridge))}" cy="{_fmt(ys(top))}" r="4" class="plot-ridge plot-ridge--{kind}"/>')
+        body.append(f'<circle cx="{_fmt(xr)}" cy="{_fmt(yr)}" r="4" class="plot-ridge plot-ridge--{kind}"/>')
         # Up and left of the ridge, where the slope below leaves the space empty.
         body.append(_text(xs(ridge) - 8, ys(top) - 8, f"{name} {top:,.0f} TFLOP/s, ridge {ridge:,.0f} FLOP/B",
                           "plot-note", "end"))
@@ -465,8 +466,7 @@ def calculator_html(data: dict, model: str, gpu: str, max_model_len: int) -> str
         raise PlotError(f"kv_calculator: unknown GPU {gpu!r}; known: {', '.join(data['gpus'])}")
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    # "</" cannot end the <script> block early once escaped.
-    payload = json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+    payload = json.dumps(data, separators=(",", ":"))  # an attribute value: the template escapes it
     markup = env.get_template("kv-calculator.html").render(
         data=data, payload=payload, model=model, gpu=gpu, max_model_len=max_model_len)
     # One raw HTML block for Markdown: no blank lines inside it.
