@@ -383,7 +383,8 @@ def paged_attention_svg(entry: dict) -> str:
     return _svg(width, height, f"Paged decode kernel bandwidth per shape on {entry['gpu']}", body, "plot--paged")
 
 
-def paged_attention_figures(path: Path = PAGED_ATTENTION_RESULTS) -> str:
+def paged_attention_figures(path: Path = PAGED_ATTENTION_RESULTS, with_table: bool = True) -> str:
+    """One figure per GPU; `with_table=False` where the page already shows the results table."""
     doc = load_paged_attention(path)
     if doc is None or not doc["gpus"]:
         return ('!!! note "No results recorded yet"\n    The paged-attention benchmark has not been recorded on a '
@@ -403,7 +404,7 @@ def paged_attention_figures(path: Path = PAGED_ATTENTION_RESULTS) -> str:
             f"Triton {_esc(entry['triton'])}, CUDA {_esc(entry['cuda'])}). Copy bandwidth measured in the same run: "
             f"{entry['copy_tb_s']:.2f} TB/s. Median of CUDA-graph replays with the L2 cleared."
         )
-        out.append(_figure(paged_attention_svg(entry), caption, table))
+        out.append(_figure(paged_attention_svg(entry), caption, table if with_table else ""))
     return "\n".join(out)
 
 
