@@ -7,7 +7,8 @@ Three promises live here, so every test file gets them without repeating them:
   skipped GPU test is turned into a failure, so "all green" cannot hide a test
   that never ran.
 * Without CUDA, Triton kernels run in the CPU interpreter. ``TRITON_INTERPRET``
-  must be set before Triton is first imported, so it is set here, at collection.
+  must be set before Triton is first imported, so it is set here, at collection
+  (and vLLM is told to use its CPU platform, for the same reason).
 * Under ``CI=true`` a missing vLLM or Chromium is a failure, not a skip
   (``require_or_skip``): CI installs both, so their absence is a broken install.
 """
@@ -38,6 +39,9 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    # vLLM picks its platform once, at first use; without a GPU it can only infer
+    # one when told. Set here, before any test imports vLLM, so test order cannot matter.
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 
 def require_or_skip(available: bool, what: str, reason: str) -> None:
