@@ -11,14 +11,21 @@ installed NumPy refuses the old one.
 
 from __future__ import annotations
 
+import functools
+import warnings
 
+
+@functools.cache
 def _numpy_refuses_1d_to_int() -> bool:
+    """Asked once: NumPy 1.25-2.3 only warn (DeprecationWarning) where 2.4 raises."""
     import numpy as np
 
-    try:
-        int(np.ones(1, dtype=np.int64))
-    except TypeError:
-        return True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            int(np.ones(1, dtype=np.int64))
+        except TypeError:
+            return True
     return False
 
 
