@@ -24,7 +24,6 @@ import jinja2
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "docs" / ".overrides" / "partials"
-PAGED_ATTENTION_RESULTS = ROOT / "labs" / "results" / "paged_attention.json"
 
 GIB = 2**30
 
@@ -335,15 +334,6 @@ def kv_budget_figure(budgets: list, model_names: dict[str, str], gpu, max_model_
 # ---------------------------------------------------------------------------
 
 
-def load_paged_attention(path: Path = PAGED_ATTENTION_RESULTS) -> dict | None:
-    if not path.is_file():
-        return None
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    if doc.get("schema") != 1 or not isinstance(doc.get("gpus"), dict):
-        raise PlotError(f"{path.name}: expected schema 1 with a 'gpus' mapping (labs/paged_attention/bench.py)")
-    return doc
-
-
 def paged_attention_svg(entry: dict) -> str:
     """Per shape: the kernel's achieved TB/s and SDPA's, against the device's measured copy bandwidth."""
     rows = entry["rows"]
@@ -383,15 +373,17 @@ def paged_attention_svg(entry: dict) -> str:
     return _svg(width, height, f"Paged decode kernel bandwidth per shape on {entry['gpu']}", body, "plot--paged")
 
 
-def paged_attention_figures(path: Path = PAGED_ATTENTION_RESULTS, with_table: bool = True) -> str:
+def paged_attention_figures(path: Path | None = None, with_table: bool = True) -> str:
     """One figure per GPU; `with_table=False` where the page already shows the results table."""
-    doc = load_paged_attention(path)
-    if doc is None or not doc["gpus"]:
+    from labs.paged_attention.report import load_results  # the lab owns its file's schema
+
+    gpus = load_results(path)
+    if not gpus:
         return ('!!! note "No results recorded yet"\n    The paged-attention benchmark has not been recorded on a '
                 "GPU yet. Run `python -m labs.paged_attention.bench --out out/pa --record` on a CUDA GPU; this "
                 "figure is drawn from `labs/results/paged_attention.json`.\n")
     out = []
-    for name, entry in doc["gpus"].items():
+    for name, entry in gpus.items():
         rows = [[
             r["shape"], f"{r['batch']}", f"{r['context_len']:,}", f"{r['q_heads']}/{r['kv_heads']}",
             f"{r['kv_bytes'] / 2**20:,.1f}", f"{r['time_us']:,.1f}", f"{r['tb_s']:.2f}", f"{r['copy_fraction']:.0%}",

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import shlex
 from pathlib import Path
 
-from labs import specs
+from labs import recorded, specs
 from labs.kv_sizing import formula
 from labs.kv_sizing.memory_budget import GIB, Budget, budget
 
-ROOT = Path(__file__).resolve().parents[2]
-CHECK_RESULT = ROOT / "labs" / "results" / "kv_alloc_check.json"
+CHECK_RESULT = recorded.RESULTS_DIR / "kv_alloc_check.json"
 CHECK_COMMAND = "python -m labs.kv_sizing.check --out /tmp/kv-check --record"
 TP_CHOICES = (1, 2, 4, 8)
 
@@ -225,16 +223,6 @@ def kv_sizing_cli(args: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _missing(path: Path, command: str) -> str:
-    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
-    return (f"!!! warning \"Not recorded yet\"\n    `{shown}` does not exist. On a CUDA GPU, "
-            f"run `{command}` and rebuild the site.")
-
-
-def _load_check(path: Path = CHECK_RESULT) -> dict | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
 def _provenance(data: dict) -> str:
     driver, _, smi_total = data.get("driver_and_memory", "").partition(",")
     v = data.get("versions", {})
@@ -267,9 +255,9 @@ def _tolerance(row: dict) -> str:
 def kv_alloc_check_table(label: str | None = None, path: str | None = None) -> str:
     """Predicted against measured, row by row, for one configuration of the check (or all of them)."""
     file = Path(path) if path else CHECK_RESULT
-    data = _load_check(file)
+    data = recorded.load(file)
     if data is None:
-        return _missing(file, CHECK_COMMAND)
+        return recorded.missing(file, CHECK_COMMAND)
     configs = [c for c in data["configs"] if label is None or c["label"] == label]
     if not configs:
         raise ReportError(f"kv_alloc_check_table({label!r}): labels are {[c['label'] for c in data['configs']]}")
@@ -290,9 +278,9 @@ def kv_alloc_check_table(label: str | None = None, path: str | None = None) -> s
 def kv_alloc_check_summary(path: str | None = None) -> str:
     """One line per configuration: the pool predicted and allocated, and the requests it admitted."""
     file = Path(path) if path else CHECK_RESULT
-    data = _load_check(file)
+    data = recorded.load(file)
     if data is None:
-        return _missing(file, CHECK_COMMAND)
+        return recorded.missing(file, CHECK_COMMAND)
     lines = ["| Configuration | Blocks | Pool predicted | Pool allocated (driver) | Requests admitted, predicted / measured | All checks |",
              "|---|---:|---:|---:|---:|---|"]
     for c in data["configs"]:

@@ -9,31 +9,19 @@ macro under its own name, hence the `oom_` prefix.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from labs import specs
+from labs import recorded, specs
 from labs.kv_sizing.memory_budget import estimate_activation_peak
 from labs.oom.transcript import format_report
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULT = ROOT / "labs" / "results" / "oom.json"
+RESULT = recorded.RESULTS_DIR / "oom.json"
 RECORD_COMMAND = "python -m labs.oom --scenario all --out /tmp/oom --record"
 GIB, MIB = 2**30, 2**20
 
 
 class ReportError(ValueError):
     """A macro asked for a scenario the recorded file does not hold; the build fails with this."""
-
-
-def _load(path: Path) -> dict | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
-def _missing(path: Path, command: str) -> str:
-    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
-    return (f"!!! warning \"Not recorded yet\"\n    `{shown}` does not exist. On a CUDA GPU, "
-            f"run `{command}` and rebuild the site.")
 
 
 def _provenance(data: dict) -> str:
@@ -55,7 +43,7 @@ def _size(n: int) -> str:
 def oom_result(name: str, path: str | None = None) -> dict:
     """One recorded scenario's report, for pages that quote a single number (`.evidence.free`)."""
     file = Path(path) if path else RESULT
-    data = _load(file)
+    data = recorded.load(file)
     if data is None:
         raise ReportError(f"{file} does not exist: on a CUDA GPU, run "
                           f"`python -m labs.oom --scenario {name} --out /tmp/oom --record`")
@@ -65,9 +53,9 @@ def oom_result(name: str, path: str | None = None) -> dict:
 def oom_scenario(name: str, path: str | None = None) -> str:
     """The recorded output of `python -m labs.oom --scenario NAME`, in a text block, with where it ran."""
     file = Path(path) if path else RESULT
-    data = _load(file)
+    data = recorded.load(file)
     if data is None:
-        return _missing(file, f"python -m labs.oom --scenario {name} --out /tmp/oom --record")
+        return recorded.missing(file, f"python -m labs.oom --scenario {name} --out /tmp/oom --record")
     r = _scenario(data, name)
     # A file recorded before transcripts were stored: the same formatter the CLI prints with.
     text = r.get("transcript") or format_report(r)
@@ -77,9 +65,9 @@ def oom_scenario(name: str, path: str | None = None) -> str:
 def oom_summary_table(path: str | None = None) -> str:
     """One row per scenario: the error, the diagnosed cause, the fix and whether the run after it passed."""
     file = Path(path) if path else RESULT
-    data = _load(file)
+    data = recorded.load(file)
     if data is None:
-        return _missing(file, RECORD_COMMAND)
+        return recorded.missing(file, RECORD_COMMAND)
     lines = ["| Scenario | What failed | Diagnosed as | Fix applied | After the fix | Memory back to baseline |",
              "|---|---|---|---|---|---|"]
     for name, r in data["scenarios"].items():
@@ -93,9 +81,9 @@ def oom_summary_table(path: str | None = None) -> str:
 def oom_prefill_peaks_table(path: str | None = None) -> str:
     """Measured activation peak of one decoder layer against batched tokens, beside the calculator's estimate."""
     file = Path(path) if path else RESULT
-    data = _load(file)
+    data = recorded.load(file)
     if data is None:
-        return _missing(file, "python -m labs.oom --scenario prefill-activation --out /tmp/oom --record")
+        return recorded.missing(file, "python -m labs.oom --scenario prefill-activation --out /tmp/oom --record")
     r = _scenario(data, "prefill-activation")
     model = specs.get_model(r["model"])
     lines = ["| Batched tokens | Measured peak (torch) | Per token | Calculator's MLP estimate | Measured ÷ estimate |",
