@@ -283,6 +283,35 @@ def test_cli_bad_input_names_the_problem(args, message):
     assert message in proc.stderr
 
 
+@pytest.mark.parametrize("args,message", [
+    (("batching", "--requests", "1000000000"), "--requests"),
+    (("batching", "--requests", "20000", "--prompt-len", "4096"), "50,000,000 tokens"),
+    (("knobs", "--rate", "nan"), "--rate"),
+    (("chunked-prefill", "--arrival", "nan"), "--arrival"),
+    (("chunked-prefill", "--arrival", "inf"), "--arrival"),
+    (("batching", "--step-overhead-ms", "nan"), "--step-overhead-ms"),
+    (("batching", "--step-overhead-ms", "inf"), "--step-overhead-ms"),
+    (("batching", "--gpu-memory-utilization", "nan"), "--gpu-memory-utilization"),
+    (("spec-decode", "--trials", "1000000000"), "--trials"),
+    (("spec-decode", "--alphas", "0.5,nan"), "acceptance rates"),
+    (("preemption", "--cases", "99999999999x4"), "--cases"),
+    (("batching", "--num-gpu-blocks-override", "99999999999"), "--num-gpu-blocks-override"),
+])
+def test_cli_bounds_every_run(args, message):
+    """Runs stay short: huge counts, NaN and inf are refused before anything is simulated."""
+    proc = _cli(*args)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_cli_out_must_be_a_writable_folder(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    proc = _cli("defaults", "--out", str(afile))
+    assert proc.returncode == 2 and "not a folder" in proc.stderr
+    proc = _cli("defaults", "--out", str(afile / "sub"))
+    assert proc.returncode == 2 and "cannot write" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_scenarios_label_their_numbers_as_derived():
     s = scenarios.setup("llama-3.1-8b", "h200")
     _, text = scenarios.sampling(s)

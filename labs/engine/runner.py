@@ -58,7 +58,6 @@ class ModelRunner:
         self.decode_attention = decode_attention
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda" and decode_attention == "triton"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
-        self.graph_pool = None
         self.generators: dict[int, torch.Generator] = {}
         self.last_logits: torch.Tensor | None = None  # (sampling rows, vocab), kept for tests
 
@@ -215,9 +214,7 @@ class ModelRunner:
             for _ in range(2):  # compile the kernels and settle the allocator outside the capture
                 step()
         torch.cuda.current_stream().wait_stream(stream)
-        if self.graph_pool is None:
-            self.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.graph_pool):
+        with torch.cuda.graph(graph):  # its own memory pool: buckets are captured lazily, in any order
             buf["logits"] = step()
         self.graphs[bucket] = (graph, buf)
