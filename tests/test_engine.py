@@ -78,11 +78,22 @@ def test_greedy_is_token_exact_with_batching_chunks_preemption_and_prefix_hits(h
     assert llm.blocks.num_free == llm.blocks.num_usable  # every block back
 
 
-def test_decode_paths_agree(hf):
+def test_decode_paths_agree():
     prompts = random_prompts([7, 30, 2], CFG.vocab_size, seed=2)
     a = _llm(decode_attention="torch").generate(prompts, GREEDY)
     b = _llm(decode_attention="triton").generate(prompts, GREEDY)
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
+
+
+def test_fixed_shape_decode_step_matches_transformers(hf):
+    """What a CUDA graph replays, run eagerly (cuda_graphs="emulate"): batch buckets with padding
+    rows on the null block, max_seq_len fixed at the table's capacity, a fixed 2-way split."""
+    prompts = random_prompts([11, 4, 26], CFG.vocab_size, seed=9)
+    lengths = (7, 3, 5)  # the batch shrinks 3 -> 2 -> 1: buckets 4 (one padding row), 2 and 1
+    llm = _llm(decode_attention="triton", cuda_graphs="emulate")
+    outs = llm.generate(prompts, [SamplingParams(max_tokens=n, temperature=0) for n in lengths])
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, n) for p, n in zip(prompts, lengths)]
+    assert sorted(llm.runner.graphs) == [1, 2, 4]
 
 
 def test_static_batching_gives_the_same_tokens(hf):

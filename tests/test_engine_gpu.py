@@ -35,7 +35,7 @@ def test_fp32_greedy_is_token_exact_on_the_gpu():
     for i in (7, 8, 9):
         prompts[i] = prompts[3][:48] + prompts[i]
     llm = LLM(model_config=cfg, device="cuda", dtype="float32", max_model_len=512, max_num_seqs=6,
-              max_num_batched_tokens=64, block_size=16, num_blocks=24)
+              max_num_batched_tokens=64, block_size=16, num_blocks=18)
     params = SamplingParams(max_tokens=16, temperature=0)
     outs = llm.generate(prompts, params)
     hf = hf_reference(llm.model)

@@ -65,7 +65,7 @@ class LLM:
     def __init__(self, model: str = "llama-3.1-8b", *, weights: str | Path | None = None,
                  model_config: ModelConfig | None = None, n_layers: int | None = None, dtype: str = "auto",
                  device: str | None = None, seed: int = 0, decode_attention: str = "triton",
-                 cuda_graphs: bool = True, **engine_args):
+                 cuda_graphs: bool | str = True, **engine_args):
         """model: a name from labs/data/models.yaml (seeded random weights), ignored when `weights`
         names a local Hugging Face folder or `model_config` is given. n_layers: keep only the first
         N layers (a smaller model of the same shapes). engine_args: EngineConfig's fields.

@@ -18,6 +18,10 @@ outputs are dropped. A captured step cannot read anything back from the device, 
 kernel is given its max_seq_len (the block table's capacity, max_model_len rounded up to a
 block) and its split count (chosen once per bucket for that length) instead of reading
 seq_lens. Splits past a short sequence's end are empty and weigh 0 in the reduction.
+
+`cuda_graphs="emulate"` runs that same fixed-shape step (buckets, padding rows, the fixed
+max_seq_len, and 2 splits so the reduction runs) eagerly on any device, so a CPU test checks
+everything a captured step computes except the capture itself.
 """
 
 from __future__ import annotations
@@ -44,10 +48,14 @@ def batch_buckets(max_num_seqs: int) -> list[int]:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, engine: EngineConfig, *, decode_attention: str = "triton",
-                 cuda_graphs: bool = True):
-        """decode_attention: "triton" (labs/paged_attention's kernel) or "torch" (its gather-then-attend reference)."""
+                 cuda_graphs: bool | str = True):
+        """decode_attention: "triton" (labs/paged_attention's kernel) or "torch" (its gather-then-attend reference).
+        cuda_graphs: True (capture on CUDA with the Triton kernel; off elsewhere), False, or "emulate".
+        """
         if decode_attention not in ("triton", "torch"):
             raise ValueError(f"decode_attention must be 'triton' or 'torch', got {decode_attention!r}")
+        if cuda_graphs not in (True, False, "emulate"):
+            raise ValueError(f"cuda_graphs must be True, False or 'emulate', got {cuda_graphs!r}")
         cfg: ModelConfig = model.cfg
         p = next(model.parameters())
         self.model, self.engine, self.device, self.dtype = model, engine, p.device, p.dtype
@@ -56,8 +64,9 @@ class ModelRunner:
         self.cache = PagedKVCache(cfg.n_layers, engine.usable_blocks + 1, engine.block_size, cfg.n_kv_heads,
                                   cfg.head_dim, self.dtype, self.device)
         self.decode_attention = decode_attention
-        self.cuda_graphs = cuda_graphs and self.device.type == "cuda" and decode_attention == "triton"
-        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
+        self.emulate = cuda_graphs == "emulate"
+        self.cuda_graphs = self.emulate or (cuda_graphs and self.device.type == "cuda" and decode_attention == "triton")
+        self.graphs: dict[int, tuple] = {}  # bucket -> (CUDAGraph or None when emulated, buffers, step)
         self.generators: dict[int, torch.Generator] = {}
         self.last_logits: torch.Tensor | None = None  # (sampling rows, vocab), kept for tests
 
@@ -174,7 +183,7 @@ class ModelRunner:
         bucket = next(b for b in batch_buckets(self.engine.max_num_seqs) if b >= n)
         if bucket not in self.graphs:
             self._capture(bucket)
-        graph, buf = self.graphs[bucket]
+        graph, buf, step = self.graphs[bucket]
         bs, pad = self.block_size, bucket - n
         values = {
             "ids": [c.seq.token_ids[c.start] for c in chunks] + [0] * pad,
@@ -186,7 +195,10 @@ class ModelRunner:
         }
         for name, value in values.items():
             buf[name].copy_(torch.tensor(value, dtype=buf[name].dtype), non_blocking=True)
-        graph.replay()
+        if graph is None:
+            buf["logits"] = step()
+        else:
+            graph.replay()
         return buf["logits"][:n].float()
 
     def _capture(self, bucket: int) -> None:
@@ -199,7 +211,10 @@ class ModelRunner:
                "table": torch.zeros(bucket, self.max_blocks, dtype=torch.int32, device=dev),
                "lens": torch.ones(bucket, dtype=torch.int32, device=dev)}
         max_len = self.max_blocks * self.block_size
-        splits = choose_num_splits(bucket, self.model.cfg.n_kv_heads, max_len, sm_count(dev.index or 0))
+        if self.emulate:
+            splits = 2
+        else:
+            splits = choose_num_splits(bucket, self.model.cfg.n_kv_heads, max_len, sm_count(dev.index or 0))
 
         def attention(layer, q, k, v):
             self.cache.write(layer, buf["slots"], k, v)
@@ -208,6 +223,9 @@ class ModelRunner:
         def step():
             return self.model.logits(self.model(buf["ids"], buf["pos"], attention))
 
+        if self.emulate:
+            self.graphs[bucket] = (None, buf, step)
+            return
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -217,4 +235,4 @@ class ModelRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):  # its own memory pool: buckets are captured lazily, in any order
             buf["logits"] = step()
-        self.graphs[bucket] = (graph, buf)
+        self.graphs[bucket] = (graph, buf, step)
