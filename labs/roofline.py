@@ -200,6 +200,34 @@ class Deployment:
     def _geometry(self) -> "_Geometry":
         return _Geometry(self)
 
+    # The module's functions as methods, so a page template can write d.decode(64, 1024).floor_s.
+    def prefill(self, n: int, cached: int = 0) -> "StepCost":
+        return prefill(self, n, cached)
+
+    def decode(self, batch: int, context: int) -> "StepCost":
+        return decode(self, batch, context)
+
+    def mixed(self, chunks: Iterable["Chunk"]) -> "StepCost":
+        return mixed(self, chunks)
+
+    def uniform(self, count: int, chunk: "Chunk") -> "StepCost":
+        return uniform(self, count, chunk)
+
+    def ridge(self) -> "Ridge":
+        return ridge(self)
+
+    def weight_bytes(self) -> int:
+        return weight_bytes(self)
+
+    def kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self)
+
+    def kv_pool(self, max_model_len: int | None = None, **budget_args) -> memory_budget.Budget:
+        return kv_pool(self, max_model_len, **budget_args)
+
+    def throughput_bound(self, trace: Iterable, concurrency: int) -> "ThroughputBound":
+        return offline_throughput_bound(self, trace, concurrency)
+
 
 def deployment(model: str | ModelSpec, gpu: str | GPUSpec, **fields) -> Deployment:
     """A Deployment from names of labs/data/*.yaml (or specs), e.g. deployment("llama-3.1-70b", "h100-sxm", tp=4)."""
@@ -319,6 +347,16 @@ class StepCost:
     def intensity(self) -> float:
         """FLOPs per byte moved."""
         return self.flops / self.bytes
+
+    @property
+    def compute_fraction(self) -> float:
+        """Share of the floor the tensor cores are busy (1 when compute-bound)."""
+        return self.compute_s / self.floor_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        """New tokens this step processes per second of its floor (a decode step: tokens generated)."""
+        return self.tokens / self.floor_s
 
 
 def _causal_keys(cached: int, new: int, window: int | None = None) -> int:
