@@ -285,6 +285,28 @@ def register_cost_macros(env) -> None:
         """The cost(...) deployment with the fewest GPUs whose KV pool holds one max_model_len request, or None."""
         return roofline.smallest_tp(_specs().get_model(model), _specs().get_gpu(gpu), max_model_len, **fields)
 
+    @env.macro
+    def spec_step(model: str = "llama-3.1-8b", gpu: str = "h200", drafter: str = "eagle", alpha: float = 0.7,
+                  k: int = 3, batch: int = 1, context: int = 1024) -> dict:
+        """One speculative-decoding step against a plain decode step, both costed by the cost model."""
+        from labs.serving_sim import spec_decode
+        from labs.serving_sim.cost import Chunk, Roofline
+
+        target = Roofline(_specs().get_model(model), _specs().get_gpu(gpu))
+        draft = spec_decode.make_drafter(drafter, target)
+        base = target.decode_step_time(batch, context)
+        verify = target.step_time([Chunk(k + 1, context)] * batch)
+        draft_s = draft.time(batch, context)
+        expected = spec_decode.expected_tokens(alpha, k)
+        return {
+            "expected_tokens": expected, "draft_ratio": spec_decode.draft_cost_ratio(target, draft, batch, context),
+            "speedup": spec_decode.speedup(target, draft, alpha, k, batch, context),
+            "base_s": base, "verify_s": verify, "draft_s": draft_s,
+            "verify_tokens": batch * (k + 1), "verify_only_speedup": expected * base / verify,
+            "user_tokens_per_s": 1 / base, "spec_user_tokens_per_s": expected / (k * draft_s + verify),
+            "layer_params": target.body_params // target.model.n_layers, "lm_head_params": target.lm_head_params,
+        }
+
     env.macro(numbers_table)
     env.macro(gpu_numbers_table)
     env.macro(model_numbers_table)

@@ -13,6 +13,8 @@ tensor-parallel degree. For it:
     mixed(dep, chunks)           one chunked step (prefill chunks + decodes) -> StepCost
     uniform(dep, count, chunk)   `count` identical chunks, in O(1)      -> StepCost
     ridge(dep)                   where a step turns compute-bound       -> Ridge
+    largest_batch(dep, L, t)     most sequences a decode step holds within t seconds
+    chunked_prefill(dep, n, budget, decodes, L)  a prompt's chunked steps  -> ChunkedPrefill
     weight_bytes(dep)            weights one rank holds
     kv_bytes_per_token(dep)      KV cache one more token costs one rank
     kv_pool(dep, max_model_len)  vLLM 0.33's KV pool (labs.kv_sizing)   -> Budget
@@ -216,6 +218,12 @@ class Deployment:
     def ridge(self) -> "Ridge":
         return ridge(self)
 
+    def largest_batch(self, context: int, step_s: float) -> int:
+        return largest_batch(self, context, step_s)
+
+    def chunked_prefill(self, prompt: int, budget: int, decodes: int = 0, context: int = 0) -> "ChunkedPrefill":
+        return chunked_prefill(self, prompt, budget, decodes, context)
+
     def weight_bytes(self) -> int:
         return weight_bytes(self)
 
@@ -354,6 +362,26 @@ class StepCost:
         return self.compute_s / self.floor_s
 
     @property
+    def weight_s(self) -> float:
+        """Time to read the weights alone at the bandwidth."""
+        return self.weight_bytes / self.bytes_per_s
+
+    @property
+    def kv_read_s(self) -> float:
+        """Time to read the cached KV alone at the bandwidth: the attention kernel's floor."""
+        return self.kv_read_bytes / self.bytes_per_s
+
+    @property
+    def attained_flops_per_s(self) -> float:
+        """FLOP/s the step would sustain running at its floor: min(peak, intensity x bandwidth)."""
+        return self.flops / self.floor_s
+
+    @property
+    def kv_fraction(self) -> float:
+        """Share of the bytes moved that is KV cache (read and written) rather than weights."""
+        return (self.kv_read_bytes + self.kv_write_bytes) / self.bytes
+
+    @property
     def tokens_per_s(self) -> float:
         """New tokens this step processes per second of its floor (a decode step: tokens generated)."""
         return self.tokens / self.floor_s
@@ -452,6 +480,59 @@ def prefill(dep: Deployment, n: int, cached: int = 0) -> StepCost:
 def decode(dep: Deployment, batch: int, context: int) -> StepCost:
     """One decode step of `batch` sequences, each with `context` tokens already cached."""
     return uniform(dep, batch, Chunk(1, context, True))
+
+
+@dataclass(frozen=True)
+class ChunkedPrefill:
+    """A prompt prefilled in chunks of a token budget, each step also carrying running decodes."""
+
+    steps: tuple[StepCost, ...]
+
+    @property
+    def count(self) -> int:
+        return len(self.steps)
+
+    @property
+    def worst_s(self) -> float:
+        """The longest step's floor: what every running decode waits for at worst (its ITL bound)."""
+        return max(s.floor_s for s in self.steps)
+
+    @property
+    def total_s(self) -> float:
+        """Sum of the steps' floors: the prompt's time to first token, queueing aside."""
+        return sum(s.floor_s for s in self.steps)
+
+
+def chunked_prefill(dep: Deployment, prompt: int, budget: int, decodes: int = 0, context: int = 0) -> ChunkedPrefill:
+    """A `prompt`-token prefill under a per-step token `budget` shared with `decodes` decode tokens at `context`.
+
+    Decode tokens are scheduled first (as vLLM 0.33's scheduler does with running
+    requests), the prompt takes the rest of each step's budget; the last chunk samples.
+    """
+    if budget <= decodes:
+        raise CostModelError(f"a budget of {budget} tokens leaves no room for a prompt next to {decodes} decodes")
+    steps, done = [], 0
+    while done < prompt:
+        new = min(prompt - done, budget - decodes)
+        groups = [(1, Chunk(new, done, done + new == prompt))]
+        if decodes:
+            groups.append((decodes, Chunk(1, context)))
+        steps.append(_geometry(dep).cost(groups))
+        done += new
+    return ChunkedPrefill(tuple(steps))
+
+
+def largest_batch(dep: Deployment, context: int, step_s: float) -> int:
+    """The most sequences at `context` a decode step can hold and still finish within `step_s` (0 if none)."""
+    if decode(dep, 1, context).floor_s > step_s:
+        return 0
+    lo, hi = 1, 2
+    while decode(dep, hi, context).floor_s <= step_s:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if decode(dep, mid, context).floor_s <= step_s else (lo, mid)
+    return lo
 
 
 # ---------------------------------------------------------------------------
