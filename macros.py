@@ -307,6 +307,13 @@ def register_cost_macros(env) -> None:
             "layer_params": target.body_params // target.model.n_layers, "lm_head_params": target.lm_head_params,
         }
 
+    @env.macro
+    def float_formats() -> list:
+        """The float formats labs/number_formats.py rounds to, with their range and precision."""
+        from labs import number_formats
+
+        return [f for f in number_formats.FORMATS if isinstance(f, number_formats.FloatFormat)]
+
     env.macro(numbers_table)
     env.macro(gpu_numbers_table)
     env.macro(model_numbers_table)

@@ -386,6 +386,11 @@ class StepCost:
         """New tokens this step processes per second of its floor (a decode step: tokens generated)."""
         return self.tokens / self.floor_s
 
+    @property
+    def per_sequence_tokens_per_s(self) -> float:
+        """Tokens per second each sequence gets (a decode step: one user's stream)."""
+        return self.tokens / self.sequences / self.floor_s
+
 
 def _causal_keys(cached: int, new: int, window: int | None = None) -> int:
     """(query, key) pairs of `new` queries after `cached` tokens: sum of min(p, window) for p in cached+1..cached+new."""

@@ -143,6 +143,11 @@ class Budget:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def max_requests(self) -> int:
+        """Whole max_model_len requests the pool holds at once: max_concurrency rounded down."""
+        return self.num_blocks // self.blocks_per_request if self.blocks_per_request else 0
+
 
 def kv_check_message(max_model_len: int, needed: int, available: int, estimated_max_len: int) -> str:
     """The error vLLM 0.33 raises when one max-length request does not fit.
