@@ -69,6 +69,10 @@ def ms(seconds: float, digits: int = 2) -> str:
     return f"{num(seconds * 1e3, digits)} ms"
 
 
+def sec(seconds: float, digits: int = 1) -> str:
+    return f"{num(seconds, digits)} s"
+
+
 def us(seconds: float, digits: int = 1) -> str:
     return f"{num(seconds * 1e6, digits)} µs"
 
@@ -142,7 +146,7 @@ def define_env(env):
     env.macro(lambda name: _specs().get_gpu(name), "gpu")
     env.macro(kv_bytes_per_token)
     env.macro(bytes_per_block)
-    for fn in (num, kib, mib, gib, gb, ms, us, gflop, tflop, tbps, pct, fit):
+    for fn in (num, kib, mib, gib, gb, sec, ms, us, gflop, tflop, tbps, pct, fit):
         env.macro(fn)
         env.filter(fn)
     register_cost_macros(env)

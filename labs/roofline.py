@@ -76,14 +76,18 @@ lower bounds: real kernels reach a fraction of either roof.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import Iterable, NamedTuple
 
 from labs.kv_sizing import formula, memory_budget
-from labs.specs import DTYPE_BYTES, GPUSpec, ModelSpec, SpecError, get_gpu, get_model
+from labs.specs import GPUSpec, ModelSpec, SpecError, get_gpu, get_model
 
 BANDWIDTH_SOURCES = ("datasheet", "measured")
-WEIGHT_DTYPES = ("bfloat16", "float16", "fp8")
+# Bytes per weight of the weight formats costed here. int4-g128: 4-bit integers
+# with one bf16 scale per group of 128 (GPTQ/AWQ style), 4.125 bits a weight.
+WEIGHT_BYTES = {"bfloat16": 2, "float16": 2, "fp8": 1, "int4-g128": 4.125 / 8}
+WEIGHT_DTYPES = tuple(WEIGHT_BYTES)
 
 
 class CostModelError(SpecError):
@@ -175,12 +179,15 @@ class Deployment:
             raise CostModelError(f"{self.gpu.name} has no dense {self.compute_dtype} FLOP/s in labs/data/gpus.yaml")
 
     @property
-    def bytes_per_weight(self) -> int:
-        return DTYPE_BYTES[self.weight_dtype] if self.weight_dtype else self.model.weight_bytes_per_param
+    def bytes_per_weight(self) -> float:
+        return WEIGHT_BYTES[self.weight_dtype] if self.weight_dtype else self.model.weight_bytes_per_param
 
     @property
     def compute_dtype(self) -> str:
-        """The tensor-core dtype the matmuls run in: fp8 for fp8 weights where the GPU has it, else bf16."""
+        """The tensor-core dtype the matmuls run in: fp8 for fp8 weights where the GPU has it, else bf16.
+
+        int4 weights are dequantized to bf16 for the product (W4A16), so they run at the bf16 rate.
+        """
         if self.bytes_per_weight == 1 and self.gpu.dense_tflops.get("fp8"):
             return "fp8"
         return "bf16"
@@ -289,8 +296,11 @@ def param_split(model: ModelSpec) -> ParamSplit:
 
 
 def weight_bytes(dep: Deployment) -> int:
-    """Bytes of weights one rank holds: all parameters at the weight dtype, split over TP (no quant scales)."""
-    return -(-dep.model.params * dep.bytes_per_weight // dep.tp)
+    """Bytes of weights one rank holds: all parameters at the weight dtype, split over TP.
+
+    fp8 checkpoints' block scales are not counted (under 0.1% of the bytes); int4-g128 counts its group scales.
+    """
+    return math.ceil(dep.model.params * dep.bytes_per_weight / dep.tp)
 
 
 def kv_bytes_per_token(dep: Deployment) -> int:
