@@ -318,6 +318,14 @@ def register_cost_macros(env) -> None:
 
         return [f for f in number_formats.FORMATS if isinstance(f, number_formats.FloatFormat)]
 
+    @env.macro
+    def blocks(model: str, tokens: int, block_size: int | None = None) -> int:
+        """Blocks one request of `tokens` tokens holds (labs/kv_sizing/formula.py blocks_per_request)."""
+        from labs.kv_sizing import formula
+
+        m = _specs().get_model(model)
+        return formula.blocks_per_request(m, tokens, block_size or formula.default_block_size(m))
+
     env.macro(numbers_table)
     env.macro(gpu_numbers_table)
     env.macro(model_numbers_table)
