@@ -237,6 +237,21 @@ class Deployment:
     def kv_bytes_per_token(self) -> int:
         return kv_bytes_per_token(self)
 
+    def kv_bytes(self, tokens: int) -> int:
+        """KV bytes one rank holds for a context of `tokens` (sliding layers stop at their window)."""
+        geo = self._geometry
+        held = geo.n_full * tokens + (geo.n_sliding * min(tokens, geo.window) if geo.n_sliding else 0)
+        return held * geo.layer_kv
+
+    def attention_flop_per_byte(self) -> float:
+        """Decode attention's FLOPs per byte of KV it reads: 2 H_q / (H_kv b), whatever the batch."""
+        geo = self._geometry
+        return geo.pair_flops_decode / self.tp / geo.layer_kv
+
+    def logits_bytes(self, rows: int) -> int:
+        """Bytes of float32 logits for `rows` sampled positions (vocab_size each)."""
+        return rows * self.model.vocab_size * 4
+
     def kv_pool(self, max_model_len: int | None = None, **budget_args) -> memory_budget.Budget:
         return kv_pool(self, max_model_len, **budget_args)
 

@@ -144,6 +144,15 @@ class Budget:
         return asdict(self)
 
     @property
+    def runtime_overhead(self) -> int:
+        """Activation peak, non-torch memory and CUDA graphs together: what profiling takes beside the weights."""
+        return self.activation_peak + self.non_torch + self.cudagraph
+
+    def pool_for(self, requests: int) -> int:
+        """KV pool bytes that hold `requests` max_model_len requests at once (plus the null block)."""
+        return (requests * self.blocks_per_request + 1) * self.bytes_per_block
+
+    @property
     def max_requests(self) -> int:
         """Whole max_model_len requests the pool holds at once: max_concurrency rounded down."""
         return self.num_blocks // self.blocks_per_request if self.blocks_per_request else 0
