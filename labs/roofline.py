@@ -228,8 +228,12 @@ class Deployment:
     def largest_batch(self, context: int, step_s: float) -> int:
         return largest_batch(self, context, step_s)
 
-    def chunked_prefill(self, prompt: int, budget: int, decodes: int = 0, context: int = 0) -> "ChunkedPrefill":
+    def chunked_prefill(self, prompt: int, budget: int | None, decodes: int = 0, context: int = 0) -> "ChunkedPrefill":
         return chunked_prefill(self, prompt, budget, decodes, context)
+
+    def throughput_gain(self, batch: int, context: int, base: int = 1) -> float:
+        """Decode tokens/s at `batch` over tokens/s at `base`, same context: what batching buys."""
+        return decode(self, batch, context).tokens_per_s / decode(self, base, context).tokens_per_s
 
     def weight_bytes(self) -> int:
         return weight_bytes(self)
@@ -517,6 +521,12 @@ class ChunkedPrefill:
     """A prompt prefilled in chunks of a token budget, each step also carrying running decodes."""
 
     steps: tuple[StepCost, ...]
+    decode_only_s: float  # the floor of the same decodes without the prompt (0 when there are none)
+
+    @property
+    def stall_ratio(self) -> float:
+        """The worst step over a decode-only step: how many normal token gaps a running stream waits."""
+        return self.worst_s / self.decode_only_s if self.decode_only_s else float("inf")
 
     @property
     def count(self) -> int:
@@ -533,12 +543,16 @@ class ChunkedPrefill:
         return sum(s.floor_s for s in self.steps)
 
 
-def chunked_prefill(dep: Deployment, prompt: int, budget: int, decodes: int = 0, context: int = 0) -> ChunkedPrefill:
+def chunked_prefill(dep: Deployment, prompt: int, budget: int | None, decodes: int = 0,
+                    context: int = 0) -> ChunkedPrefill:
     """A `prompt`-token prefill under a per-step token `budget` shared with `decodes` decode tokens at `context`.
 
     Decode tokens are scheduled first (as vLLM 0.33's scheduler does with running
-    requests), the prompt takes the rest of each step's budget; the last chunk samples.
+    requests), the prompt takes the rest of each step's budget; the last chunk
+    samples. budget None: no chunking, the whole prompt rides in one step.
     """
+    if budget is None:
+        budget = prompt + decodes
     if budget <= decodes:
         raise CostModelError(f"a budget of {budget} tokens leaves no room for a prompt next to {decodes} decodes")
     steps, done = [], 0
@@ -549,7 +563,8 @@ def chunked_prefill(dep: Deployment, prompt: int, budget: int, decodes: int = 0,
             groups.append((decodes, Chunk(1, context)))
         steps.append(_geometry(dep).cost(groups))
         done += new
-    return ChunkedPrefill(tuple(steps))
+    alone = decode(dep, decodes, context).floor_s if decodes else 0.0
+    return ChunkedPrefill(tuple(steps), alone)
 
 
 def largest_batch(dep: Deployment, context: int, step_s: float) -> int:
