@@ -95,6 +95,10 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def table(self, seq: Sequence) -> tuple[int, ...]:
+        """seq's block table as it stands (the runner addresses the cache through it)."""
+        return tuple(self.tables._blocks[seq.seq_id])
+
     def try_grow(self, seq: Sequence, n: int) -> bool:
         """Blocks for seq's next n tokens if the free list has them; False (and no change) if not.
 
@@ -103,20 +107,16 @@ class BlockManager:
         """
         tables = self.tables
         sid = seq.seq_id
-        blocks = tables._blocks.get(sid)
-        if blocks is None:
-            blocks = tables._blocks[sid] = []
+        blocks = tables._blocks.get(sid, [])
         new_len = seq.num_computed + n
         need = -(-new_len // self.block_size) - len(blocks)
         if need > 0:
             if need > self.allocator.num_free:
                 return False
             blocks.extend(self.allocator.allocate(need))
+        tables._blocks[sid] = blocks
         tables._lens[sid] = new_len
         return True
-
-    def block_ids(self, seq: Sequence) -> list[int]:
-        return self.tables.blocks(seq.seq_id)
 
     # --- prefix cache -----------------------------------------------------------
 

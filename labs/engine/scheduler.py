@@ -188,7 +188,7 @@ class Scheduler:
     def _take(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
         """Put n tokens of seq (whose blocks are already grown) into the step."""
         start = seq.num_computed
-        ids = tuple(self.blocks.tables._blocks[seq.seq_id]) if self.with_block_ids else ()
+        ids = self.blocks.table(seq) if self.with_block_ids else ()
         out.chunks.append(Chunk(seq, start, n, start + n == len(seq.token_ids), ids))
 
     def _preempt(self, seq: Sequence) -> None:
