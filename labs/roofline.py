@@ -114,9 +114,18 @@ class Bandwidth:
 
 
 def _measured_entry(gpu: GPUSpec) -> dict | None:
+    """The paged-attention lab's latest run on this GPU (it records `copy_tb_s` and `date`), or None."""
     from labs.paged_attention.report import load_results
 
-    return load_results().get(gpu.cuda_name) if gpu.cuda_name else None
+    results = load_results() if gpu.cuda_name else None
+    if results is None or not results.has(gpu.cuda_name):
+        return None
+    machine = results.machine(gpu.cuda_name)
+    runs = [run for run in machine.runs if run.get("copy_tb_s")]
+    if not runs:
+        return None
+    latest = max(runs, key=lambda run: run.get("date", ""))
+    return {**latest, "gpu": machine.label}
 
 
 def bandwidth(gpu: GPUSpec, source: str = "datasheet") -> Bandwidth:

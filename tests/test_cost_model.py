@@ -5,7 +5,6 @@ figures, not recomputed through the module, so a change to what counts (the
 embedding, the LM head, causal halving, MoE activity, MLA latents) fails here.
 """
 
-import json
 import math
 from pathlib import Path
 
@@ -77,8 +76,10 @@ def test_llama8b_ridge(l8):
 
 
 def test_llama8b_pool_matches_the_recorded_h200_check(l8):
-    recorded = json.loads((ROOT / "labs/results/kv_alloc_check.json").read_text())
-    expected = next(c["budget"] for c in recorded["configs"] if c["label"] == "gqa-bf16")
+    from labs import recorded
+
+    check = recorded.load_results(ROOT / "labs/results/kv_alloc_check.json").machine("NVIDIA H200")
+    expected = check.row(label="gqa-bf16")["budget"]
     pool = r.kv_pool(l8, 8192)
     # cudaMemGetInfo's 143,155 MiB (gpus.yaml; 150,109,880,320 bytes measured) x 0.92,
     # less weights, activation peak, non-torch memory and CUDA graphs
