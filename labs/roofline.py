@@ -28,9 +28,11 @@ What counts
 * The input embedding is a lookup: no FLOPs, and a step reads only its rows
   (counted as 0 bytes). With tied embeddings the one table is the LM head.
 * The LM head is a matmul and counts, but only for rows that sample a token:
-  vLLM 0.33 computes logits at the sampling positions only (`logits_indices`
-  in vllm/v1/worker/gpu_model_runner.py). A prefill of n tokens runs it once;
-  a decode step of B sequences runs it B times.
+  vLLM 0.33 computes logits at the sampling positions only
+  (`logits_indices = query_start_loc[1:] - 1` in vllm/v1/worker/gpu_model_runner.py;
+  Model Runner V2, vllm/v1/worker/gpu/model_runner.py, runs compute_logits on
+  the sampled hidden states). A prefill of n tokens runs it once; a decode step
+  of B sequences runs it B times.
 * Attention FLOPs are counted per (query, key) pair: QK^T and PV cost
   2 x H_q x d each per layer. A chunk of n new tokens after c cached ones has
   n*c + n(n+1)/2 pairs (causal: about half of n^2 for a fresh prefill). A
