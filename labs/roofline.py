@@ -28,9 +28,11 @@ What counts
 * The input embedding is a lookup: no FLOPs, and a step reads only its rows
   (counted as 0 bytes). With tied embeddings the one table is the LM head.
 * The LM head is a matmul and counts, but only for rows that sample a token:
-  vLLM 0.33 computes logits at the sampling positions only (`logits_indices`
-  in vllm/v1/worker/gpu_model_runner.py). A prefill of n tokens runs it once;
-  a decode step of B sequences runs it B times.
+  vLLM 0.33 computes logits at the sampling positions only
+  (`logits_indices = query_start_loc[1:] - 1` in vllm/v1/worker/gpu_model_runner.py;
+  Model Runner V2, vllm/v1/worker/gpu/model_runner.py, runs compute_logits on
+  the sampled hidden states). A prefill of n tokens runs it once; a decode step
+  of B sequences runs it B times.
 * Attention FLOPs are counted per (query, key) pair: QK^T and PV cost
   2 x H_q x d each per layer. A chunk of n new tokens after c cached ones has
   n*c + n(n+1)/2 pairs (causal: about half of n^2 for a fresh prefill). A
@@ -114,9 +116,18 @@ class Bandwidth:
 
 
 def _measured_entry(gpu: GPUSpec) -> dict | None:
+    """The paged-attention lab's latest run on this GPU (it records `copy_tb_s` and `date`), or None."""
     from labs.paged_attention.report import load_results
 
-    return load_results().get(gpu.cuda_name) if gpu.cuda_name else None
+    results = load_results() if gpu.cuda_name else None
+    if results is None or not results.has(gpu.cuda_name):
+        return None
+    machine = results.machine(gpu.cuda_name)
+    runs = [run for run in machine.runs if run.get("copy_tb_s")]
+    if not runs:
+        return None
+    latest = max(runs, key=lambda run: run.get("date", ""))
+    return {**latest, "gpu": machine.label}
 
 
 def bandwidth(gpu: GPUSpec, source: str = "datasheet") -> Bandwidth:
@@ -454,32 +465,68 @@ class _Geometry:
             self.expand_flops = 0
 
     def cost(self, groups: Iterable[tuple[int, Chunk]]) -> StepCost:
-        """`groups`: (count, chunk) pairs, `count` identical chunks each."""
-        dep, split, m = self.dep, self.split, self.dep.model
+        """`groups`: (count, chunk) pairs, `count` identical chunks each.
+
+        The loop only sums token counts (the engines call this every step); the
+        per-layer constants multiply the sums once at the end.
+        """
+        mla, sliding, window = self.dep.model.mla is not None, self.n_sliding > 0, self.window
         tokens = rows = seqs = 0
-        attn = kv_read = kv_write = 0
+        pairs_full = pairs_sliding = pairs_latent = 0  # latent: MLA decode tokens, attended in the latent space
+        read_full = read_sliding = expanded = 0  # expanded: cached tokens an MLA prefill chunk decompresses
         for count, c in groups:
+            new, cached = c[0], c[1]
             if count <= 0:
                 continue
-            if c.new < 1 or c.cached < 0:
-                raise CostModelError(f"a chunk needs new >= 1 and cached >= 0, got {c}")
+            if new < 1 or cached < 0:
+                raise CostModelError(f"a chunk needs new >= 1 and cached >= 0, got {tuple(c)}")
             seqs += count
-            tokens += count * c.new
-            rows += count * bool(c.samples)
-            decode_like = m.mla is not None and c.new == 1
-            pair = self.pair_flops_decode if decode_like or m.mla is None else self.pair_flops_prefill
-            pairs = self.n_full * _causal_keys(c.cached, c.new)
-            pairs += self.n_sliding * _causal_keys(c.cached, c.new, self.window) if self.n_sliding else 0
-            attn += count * pair * pairs
-            if not decode_like:
-                attn += count * self.expand_flops * m.n_layers * c.cached
-            read_tokens = self.n_full * c.cached
-            if self.n_sliding:
-                read_tokens += self.n_sliding * min(c.cached, self.window)
-            kv_read += count * read_tokens * self.layer_kv
-            kv_write += count * c.new * m.n_layers * self.layer_kv
+            tokens += count * new
+            if len(c) < 3 or c[2]:
+                rows += count
+            full = count * (new * cached + new * (new + 1) // 2)
+            if mla and new == 1:
+                pairs_latent += full
+            else:
+                pairs_full += full
+                if mla:
+                    expanded += count * cached
+            read_full += count * cached
+            if sliding:
+                pairs_sliding += count * _causal_keys(cached, new, window)
+                read_sliding += count * min(cached, window)
         if seqs == 0:
             raise CostModelError("a step needs at least one chunk")
+        return self._finish(tokens, rows, seqs, pairs_full, pairs_sliding, pairs_latent, read_full, read_sliding,
+                            expanded)
+
+    def cost_chunks(self, chunks: Iterable) -> StepCost:
+        """One step over single chunks: the engines' hot path, a tighter loop for dense full-attention models."""
+        if self.dep.model.mla is not None or self.n_sliding:
+            return self.cost((1, c) for c in chunks)
+        tokens = rows = seqs = pairs = read = 0
+        for c in chunks:
+            new, cached = c[0], c[1]
+            if new < 1 or cached < 0:
+                raise CostModelError(f"a chunk needs new >= 1 and cached >= 0, got {tuple(c)}")
+            seqs += 1
+            tokens += new
+            read += cached
+            pairs += new * cached + (new * (new + 1) >> 1)
+            if len(c) < 3 or c[2]:
+                rows += 1
+        if seqs == 0:
+            raise CostModelError("a step needs at least one chunk")
+        return self._finish(tokens, rows, seqs, pairs, 0, 0, read, 0, 0)
+
+    def _finish(self, tokens, rows, seqs, pairs_full, pairs_sliding, pairs_latent, read_full, read_sliding,
+                expanded) -> StepCost:
+        dep, split, m = self.dep, self.split, self.dep.model
+        attn = (self.pair_flops_prefill * (self.n_full * pairs_full + self.n_sliding * pairs_sliding)
+                + self.pair_flops_decode * self.n_full * pairs_latent
+                + self.expand_flops * m.n_layers * expanded)
+        kv_read = (self.n_full * read_full + self.n_sliding * read_sliding) * self.layer_kv
+        kv_write = tokens * m.n_layers * self.layer_kv
         matmul = 2 * (split.body + split.routed_experts * split.routed_fraction) * tokens + 2 * split.lm_head * rows
         touched = 1.0 - (1.0 - split.routed_fraction) ** tokens if split.routed_experts else 0.0
         weights = (split.body + split.lm_head + split.routed_experts * touched) * dep.bytes_per_weight
@@ -496,7 +543,7 @@ def _geometry(dep: Deployment) -> _Geometry:
 
 def mixed(dep: Deployment, chunks: Iterable[Chunk]) -> StepCost:
     """One step over any mix of prefill chunks and decode tokens (vLLM's chunked, mixed batch)."""
-    return _geometry(dep).cost((1, Chunk(*c)) for c in chunks)
+    return _geometry(dep).cost_chunks(chunks)
 
 
 def uniform(dep: Deployment, count: int, chunk: Chunk) -> StepCost:

@@ -5,7 +5,6 @@ figures, not recomputed through the module, so a change to what counts (the
 embedding, the LM head, causal halving, MoE activity, MLA latents) fails here.
 """
 
-import json
 import math
 from pathlib import Path
 
@@ -77,8 +76,10 @@ def test_llama8b_ridge(l8):
 
 
 def test_llama8b_pool_matches_the_recorded_h200_check(l8):
-    recorded = json.loads((ROOT / "labs/results/kv_alloc_check.json").read_text())
-    expected = next(c["budget"] for c in recorded["configs"] if c["label"] == "gqa-bf16")
+    from labs import recorded
+
+    check = recorded.load_results(ROOT / "labs/results/kv_alloc_check.json").machine("NVIDIA H200")
+    expected = check.row(label="gqa-bf16")["budget"]
     pool = r.kv_pool(l8, 8192)
     # cudaMemGetInfo's 143,155 MiB (gpus.yaml; 150,109,880,320 bytes measured) x 0.92,
     # less weights, activation peak, non-torch memory and CUDA graphs
@@ -239,3 +240,16 @@ def test_no_torch_or_pydantic():
             "print(any(m in sys.modules for m in ('torch', 'pydantic')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name,tp", [("llama-3.1-8b", 1), ("gemma-2-9b", 1), ("deepseek-v3", 8), ("mixtral-8x7b", 2)])
+def test_mixed_agrees_with_uniform_steps(name, tp):
+    """The engines' hot path (mixed, one chunk at a time) and the grouped path give the same step."""
+    dep = r.deployment(name, "h200", tp=tp)
+    chunks = [(300, 5000, False), (1, 4500), (1, 4500), (1, 10), (64, 0)]
+    step = r.mixed(dep, chunks)
+    parts = [r.uniform(dep, 1, r.Chunk(*c)) for c in chunks]
+    assert step.flops == pytest.approx(sum(p.flops for p in parts))  # FLOPs add up; weights are read once
+    assert step.kv_read_bytes == sum(p.kv_read_bytes for p in parts)
+    assert step.kv_write_bytes == sum(p.kv_write_bytes for p in parts)
+    assert step.tokens == 367 and step.sequences == 5
