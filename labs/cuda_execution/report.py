@@ -1,0 +1,68 @@
+"""The execution-model lab's recorded results as Markdown for the site (torch-free).
+
+macros.py registers `MACROS`: a page renders `cuda_execution_table("divergence")` and
+quotes one field with `cuda_execution_row(...)` inside `{% if cuda_execution_recorded() %}`.
+"""
+
+from __future__ import annotations
+
+from labs.gpu_harness.report import Column, LabResults
+from labs.gpu_harness.results import RESULTS_DIR
+
+_OCC = [Column("Kernel", "kernel", "`{}`"), Column("Bound by", "bound"), Column("Block", "block"),
+        Column("Unused shared memory (B)", "smem_bytes", "{:,}"), Column("Registers / thread", "regs"),
+        Column("Blocks / SM (API)", "blocks_per_sm"), Column("Blocks / SM (model)", "model_blocks_per_sm"),
+        Column("Occupancy", "occupancy", "{:.1%}"), Column("Time (µs)", "time_us", "{:,.1f}"),
+        Column("GB/s", "gb_s", "{:,.0f}"), Column("Of copy", "of_copy", "{:.2f}"),
+        Column("GFLOP/s", "gflop_s", "{:,.0f}")]
+
+RESULTS = LabResults(
+    "cuda_execution", RESULTS_DIR / "cuda_execution.json", "python -m labs.cuda_execution --out out/exec --record",
+    {
+        "divergence": [Column("Branch on", "mode", "`{}`"), Column("Threads", "n_threads", "{:,}"),
+                       Column("FMAs per path", "fma_per_path", "{:,}"), Column("Time (µs)", "time_us", "{:,.1f}"),
+                       Column("Useful GFLOP/s", "useful_gflop_s", "{:,.0f}"), Column("Slowdown", "slowdown", "{:.2f}×")],
+        "occupancy": _OCC,
+        "block-size": _OCC,
+        "registers": _OCC,
+    },
+)
+
+
+def cuda_execution_recorded(gpu: str | None = None) -> bool:
+    """True when labs/results/cuda_execution.json holds an entry (for `gpu`, if named)."""
+    return RESULTS.recorded(gpu)
+
+
+def cuda_execution_table(section: str, gpu: str | None = None, kernel: str | None = None) -> str:
+    """One experiment's rows (divergence, occupancy, block-size, registers), or "not recorded yet"."""
+    return RESULTS.table(section, gpu, {"kernel": kernel} if kernel else None)
+
+
+def cuda_execution_row(section: str, key: str, value, gpu: str | None = None) -> dict:
+    """The first row of a section whose `key` equals `value`; raises when not recorded."""
+    return RESULTS.row(section, key, value, gpu)
+
+
+def cuda_execution_occupancy_row(section: str, kernel: str, occupancy: float | None = None,
+                                 block: int | None = None, gpu: str | None = None) -> dict:
+    """The row of `kernel` in a section at an occupancy (a fraction) or a block size."""
+    for r in RESULTS.rows(section, gpu):
+        if r["kernel"] == kernel and (occupancy is None or abs(r["occupancy"] - occupancy) < 1e-6) \
+                and (block is None or r["block"] == block):
+            return r
+    raise KeyError(f"cuda_execution: no {section} row for {kernel} at occupancy {occupancy}, block {block}")
+
+
+def cuda_execution_entry(gpu: str | None = None) -> dict:
+    """The whole recorded entry: gpu, date, copy_gb_s, device_limits, sections."""
+    return RESULTS.entry(gpu)
+
+
+def cuda_execution_env(gpu: str | None = None) -> str:
+    """Where and when the rows were measured, or "not recorded yet"."""
+    return RESULTS.env_line(gpu)
+
+
+MACROS = [cuda_execution_recorded, cuda_execution_table, cuda_execution_row, cuda_execution_occupancy_row,
+          cuda_execution_entry, cuda_execution_env]

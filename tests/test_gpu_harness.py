@@ -1,0 +1,126 @@
+"""The Part 3 labs' shared harness: CUDA source checks, timing summaries, results files, page tables.
+
+All CPU: nothing here needs torch, nvcc or a GPU, except the nvcc compile, which skips
+where nvcc is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from labs.gpu_harness import cuda_build, results
+from labs.gpu_harness.report import Column, LabResults
+from labs.gpu_harness.timing import Summary, gb_per_s, summarize
+
+GOOD_CU = """
+#include <cstdint>
+// __global__ void commented_out_kernel(float* x) {}
+template <int M>
+__global__ void scale_kernel(float* x, int n) { if (threadIdx.x < n) x[threadIdx.x] *= M; }
+__global__ void __launch_bounds__(128) zero_kernel(float* x) { x[threadIdx.x] = 0.f; }
+int launch_scale(int64_t x, int n) { scale_kernel<2><<<1, 32>>>((float*)x, n); return 0; }
+"""
+
+
+def _src(tmp_path, text, decl="int launch_scale(int64_t x, int n);", kernels=("scale_kernel", "zero_kernel")):
+    path = tmp_path / "k.cu"
+    path.write_text(text)
+    return cuda_build.CudaSource(path, decl, kernels)
+
+
+def test_a_source_that_defines_what_it_declares_passes(tmp_path):
+    src = _src(tmp_path, GOOD_CU)
+    cuda_build.check_source(src)
+    assert cuda_build.global_kernels(GOOD_CU) == ["scale_kernel", "zero_kernel"]
+    assert src.functions == ["launch_scale"]
+
+
+@pytest.mark.parametrize("text,decl,kernels,message", [
+    (GOOD_CU, "int launch_scale(int64_t x, int n);", ("scale_kernel", "commented_out_kernel"), "commented_out_kernel"),
+    (GOOD_CU, "int launch_missing(int64_t x);", ("scale_kernel",), r"launch_missing\(\) declared but not defined"),
+    (GOOD_CU, "int launch_scale(int64_t x, float n);", ("scale_kernel",), "declared with"),
+    (GOOD_CU + "\n}", "int launch_scale(int64_t x, int n);", ("scale_kernel",), "unbalanced"),
+    ("#include <torch/extension.h>\n" + GOOD_CU, "int launch_scale(int64_t x, int n);", ("scale_kernel",), "torch headers"),
+], ids=["kernel-only-in-a-comment", "launcher-missing", "argument-types-differ", "unbalanced", "torch-header"])
+def test_a_source_that_breaks_its_declarations_is_refused(tmp_path, text, decl, kernels, message):
+    with pytest.raises(cuda_build.SourceError, match=message):
+        cuda_build.check_source(_src(tmp_path, text, decl, kernels))
+
+
+def test_ptxas_register_counts_are_read_per_kernel():
+    out = """ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_90'
+ptxas info    : Function properties for _Z3fooPf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 0 barriers
+ptxas info    : Compiling entry function '_Z3barv' for 'sm_90'
+ptxas info    : Used 8 registers, used 1 barriers, 4096 bytes smem"""
+    assert cuda_build.ptxas_registers(out) == {"_Z3fooPf": 40, "_Z3barv": 8}
+
+
+def test_summary_is_the_median_and_spread_of_the_samples():
+    s = summarize([10.0, 12.0, 11.0, 30.0, 9.0])
+    assert s == Summary(median_us=11.0, min_us=9.0, spread=pytest.approx((30 - 9) / 11), samples=5)
+    with pytest.raises(ValueError):
+        summarize([])
+    with pytest.raises(ValueError):
+        summarize([1.0, 0.0])
+    assert gb_per_s(4e9, 1e6) == pytest.approx(4.0)  # 4 GB in 1 s
+    assert gb_per_s(2**30, 268.4) == pytest.approx(4000.5, rel=1e-4)  # 1 GiB in 268.4 µs
+
+
+def _entry(gpu, date="2030-01-01", rows=None):
+    return {"gpu": gpu, "date": date, "sm_count": 132, "compute_capability": "9.0", "driver": "1", "cuda": "13.0",
+            "torch": "2", "triton": "3", "copy_gb_s": 4000.0, "reps": 20,
+            "sections": {"s": rows if rows is not None else [{"name": "a", "value": 1.5, "none": None}]}}
+
+
+def test_recording_replaces_only_this_gpu_and_refuses_a_partial_entry(tmp_path):
+    path = tmp_path / "lab.json"
+    results.write(path, "lab", _entry("GPU A"))
+    results.write(path, "lab", _entry("GPU B"))
+    results.write(path, "lab", _entry("GPU A", date="2031-02-03"))
+    gpus = results.read(path, "lab")
+    assert sorted(gpus) == ["GPU A", "GPU B"] and gpus["GPU A"]["date"] == "2031-02-03"
+    before = path.read_text()
+    partial = _entry("GPU B")
+    del partial["sections"]
+    with pytest.raises(results.ResultsError, match="partial"):
+        results.write(path, "lab", partial)
+    assert path.read_text() == before
+    assert not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(results.ResultsError):
+        results.read(path, "another_lab")
+
+
+def test_a_page_table_shows_the_recorded_values_gpu_and_date(tmp_path):
+    path = tmp_path / "lab.json"
+    lr = LabResults("lab", path, "python -m labs.lab --record",
+                    {"s": [Column("Name", "name", "`{}`"), Column("Value", "value", "{:.2f}"), Column("None", "none")]})
+    assert not lr.recorded()
+    assert "Not recorded yet" in lr.table("s") and "python -m labs.lab --record" in lr.table("s")
+    results.write(path, "lab", _entry("NVIDIA H200", "2030-05-06"))
+    md = lr.table("s")
+    assert "NVIDIA H200" in md and "2030-05-06" in md and "4,000 GB/s" in md
+    assert "| `a` | 1.50 | — |" in md
+    assert lr.row("s", "name", "a")["value"] == 1.5
+    assert lr.recorded("h200") and not lr.recorded("A100")
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+def test_nvcc_compiles_a_good_source_for_sm90(tmp_path):
+    proc = cuda_build.nvcc_compile(_src(tmp_path, GOOD_CU), tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    regs = cuda_build.ptxas_registers(proc.stdout + proc.stderr)
+    assert any("scale_kernel" in k for k in regs) and any("zero_kernel" in k for k in regs)
+
+
+def test_results_files_of_the_labs_parse(request):
+    """Whatever is recorded under labs/results/ for these labs is readable by its page."""
+    for lab in ("cuda_execution", "cuda_memory", "triton_tutorial"):
+        path = results.RESULTS_DIR / f"{lab}.json"
+        if path.exists():
+            for name, e in results.read(path, lab).items():
+                assert e["gpu"] == name and e["sections"], json.dumps(e)[:200]
