@@ -60,7 +60,7 @@ KERNELS = {
     )
 }
 READ_BYTES = 1 << 30  # the memory-bound kernel reads 1 GiB
-FMA_PER_THREAD = 8192  # the latency-bound kernel: iterations x chains
+FMA_PER_THREAD = 32768  # the latency-bound kernel: iterations x chains
 
 OCCUPANCY_BLOCK = 256
 OCCUPANCY_TARGETS = [8, 4, 2, 1]  # blocks of 256 per SM: 100%, 50%, 25%, 12.5%
