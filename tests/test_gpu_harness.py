@@ -124,3 +124,16 @@ def test_results_files_of_the_labs_parse(request):
         if path.exists():
             for name, e in results.read(path, lab).items():
                 assert e["gpu"] == name and e["sections"], json.dumps(e)[:200]
+
+
+def test_recorded_printed_tables_are_the_recorded_rows_formatted():
+    """The text a question shows as the command's output is the rows, formatted as the bench printed them."""
+    import importlib
+
+    for name in ("cuda_execution", "cuda_memory", "triton_tutorial"):
+        path = results.RESULTS_DIR / f"{name}.json"
+        if not path.exists():
+            continue
+        lab = importlib.import_module(f"labs.{name}.lab")
+        for gpu, e in results.read(path, name).items():
+            assert e["printed"] == lab.printed(e["sections"]), (name, gpu)

@@ -161,6 +161,17 @@ def format_occupancy(row: dict) -> str:
             f"{row['time_us']:>9.1f} {rate:>10.1f} {unit:<8} {of_copy}")
 
 
+def printed(sections: dict) -> dict[str, str]:
+    """The tables run() prints, per section, as text: stored with the results for pages to show."""
+    out = {}
+    if "divergence" in sections:
+        out["divergence"] = "\n".join([DIVERGENCE_HEADER, *map(format_divergence, sections["divergence"])])
+    rows = [r for name in EXPERIMENTS[1:] for r in sections.get(name, [])]
+    if rows:
+        out["occupancy"] = "\n".join([OCCUPANCY_HEADER, *map(format_occupancy, rows)])
+    return out
+
+
 def run(torch, module, time, sm_count: int, copy_gb_s: float, experiments: tuple[str, ...],
         log=print) -> dict:
     """Check, then time every experiment on the GPU; returns {section: rows}."""

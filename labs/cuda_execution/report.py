@@ -64,5 +64,37 @@ def cuda_execution_env(gpu: str | None = None) -> str:
     return RESULTS.env_line(gpu)
 
 
-MACROS = [cuda_execution_recorded, cuda_execution_table, cuda_execution_row, cuda_execution_occupancy_row,
+def sm_limits() -> dict:
+    """Compute capability 9.0's per-SM occupancy limits, as the lab's occupancy model holds them."""
+    from dataclasses import asdict
+
+    from labs.cuda_execution.occupancy import HOPPER
+
+    return {**asdict(HOPPER), "max_warps_per_sm": HOPPER.max_warps_per_sm,
+            "regs_per_sub_partition": HOPPER.regs_per_sm // HOPPER.sub_partitions}
+
+
+def occupancy_of(block: int, regs: int, smem: int = 0) -> dict:
+    """The occupancy model's answer for a block size, registers per thread and shared memory per block.
+
+    blocks_per_sm, warps_per_sm, occupancy (a fraction), limiter, and the per-limit
+    inputs a page shows as factors: regs_per_warp (allocated), warps_per_block.
+    """
+    from labs.cuda_execution.occupancy import HOPPER, blocks_per_sm
+
+    o = blocks_per_sm(block, regs, smem)
+    regs_per_warp = -(-regs * HOPPER.warp_size // HOPPER.reg_alloc_unit) * HOPPER.reg_alloc_unit
+    return {"blocks_per_sm": o.blocks_per_sm, "warps_per_sm": o.warps_per_sm, "occupancy": o.occupancy,
+            "limiter": o.limiter, "regs_per_warp": regs_per_warp, "warps_per_block": -(-block // HOPPER.warp_size),
+            "warps_per_sub_partition": (HOPPER.regs_per_sm // HOPPER.sub_partitions) // regs_per_warp if regs_per_warp else None,
+            "warps_by_registers": ((HOPPER.regs_per_sm // HOPPER.sub_partitions) // regs_per_warp) * HOPPER.sub_partitions
+            if regs_per_warp else None}
+
+
+def as_percent(fraction: float, digits: int = 0) -> str:
+    """0.125 -> '12.5%' (digits=1): occupancy and fractions of a ceiling, as a page prints them."""
+    return f"{100 * fraction:.{digits}f}%"
+
+
+MACROS = [as_percent, sm_limits, occupancy_of, cuda_execution_recorded, cuda_execution_table, cuda_execution_row, cuda_execution_occupancy_row,
           cuda_execution_entry, cuda_execution_env]

@@ -98,6 +98,7 @@ __global__ void transpose_naive_kernel(const float* __restrict__ in, float* __re
 // Stages the tile in shared memory, so both the global read and the global write are
 // along rows. PAD = 0: the tile's column reads hit one bank 32 times (a 32-way
 // conflict); PAD = 1: a 33-float row stride spreads a column over all 32 banks.
+// --8<-- [start:tiled]
 template <int PAD>
 __global__ void transpose_tiled_kernel(const float* __restrict__ in, float* __restrict__ out, int n) {
   __shared__ float tile[TILE][TILE + PAD];
@@ -109,6 +110,7 @@ __global__ void transpose_tiled_kernel(const float* __restrict__ in, float* __re
   row = blockIdx.x * TILE + threadIdx.y;
   for (int r = 0; r < TILE; r += TILE_ROWS) out[(size_t)(row + r) * n + col] = tile[threadIdx.x][threadIdx.y + r];
 }
+// --8<-- [end:tiled]
 
 int launch_transpose(int variant, int64_t in, int64_t out, int n) {
   const float* src = reinterpret_cast<const float*>(in);

@@ -110,6 +110,13 @@ def format_smem(r: dict) -> str:
     return f"{r['stride_words']:>6} {r['bank_ways']:>9} {r['time_us']:>9.1f} {r['slowdown']:>8.2f}"
 
 
+def printed(sections: dict) -> dict[str, str]:
+    """The tables run() prints, per section, as text: stored with the results for pages to show."""
+    fmt = {"reads": (READ_HEADER, format_read), "transpose": (TRANSPOSE_HEADER, format_transpose),
+           "bank-conflicts": (SMEM_HEADER, format_smem)}
+    return {name: "\n".join([fmt[name][0], *map(fmt[name][1], rows)]) for name, rows in sections.items()}
+
+
 def check_indices(torch, module, log2n: int = 20) -> None:
     """Each read pattern visits every element once: the kernel's indices, sorted, are 0..n-1."""
     from labs.gpu_harness.cuda_build import LaunchError, checked

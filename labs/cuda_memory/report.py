@@ -50,4 +50,20 @@ def cuda_memory_env(gpu: str | None = None) -> str:
     return RESULTS.env_line(gpu)
 
 
-MACROS = [cuda_memory_recorded, cuda_memory_table, cuda_memory_row, cuda_memory_entry, cuda_memory_env]
+def coalescing_model(stride_floats: int, elem_bytes: int = 4) -> dict:
+    """The sector model for one warp: sectors touched, bytes moved, and the fraction used."""
+    from labs.cuda_memory import model
+
+    sectors = model.sectors_per_warp(stride_floats, elem_bytes)
+    return {"sectors": sectors, "bytes_moved": sectors * model.SECTOR_BYTES,
+            "bytes_used": model.WARP * elem_bytes, "efficiency": model.sector_efficiency(stride_floats, elem_bytes)}
+
+
+def bank_passes(stride_words: int) -> int:
+    """Passes one warp needs when lane l reads shared-memory word l * stride."""
+    from labs.cuda_memory import model
+
+    return model.strided_bank_ways(stride_words)
+
+
+MACROS = [coalescing_model, bank_passes, cuda_memory_recorded, cuda_memory_table, cuda_memory_row, cuda_memory_entry, cuda_memory_env]

@@ -23,7 +23,7 @@ from labs.paged_attention.interpreter_compat import patch_interpreter_index
 patch_interpreter_index()
 
 
-# region vector_add
+# --8<-- [start:vector_add]
 @triton.jit
 def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(axis=0)  # which block of BLOCK elements this program owns
@@ -41,10 +41,10 @@ def add(x: torch.Tensor, y: torch.Tensor, block: int = 1024) -> torch.Tensor:
     grid = (triton.cdiv(n, block),)
     add_kernel[grid](x, y, out, n, BLOCK=block)
     return out
-# endregion vector_add
+# --8<-- [end:vector_add]
 
 
-# region softmax
+# --8<-- [start:softmax]
 @triton.jit
 def softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK: tl.constexpr):
     row = tl.program_id(axis=0)  # one program per row
@@ -72,13 +72,13 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     num_warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
     softmax_kernel[(rows,)](x, out, cols, x.stride(0), out.stride(0), BLOCK=block, num_warps=num_warps)
     return out
-# endregion softmax
+# --8<-- [end:softmax]
 
 
 MAX_SOFTMAX_COLS = 32768
 
 
-# region matmul
+# --8<-- [start:matmul]
 @triton.jit
 def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
                   stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
@@ -129,7 +129,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, block_m: int = 128, block_n: int = 
                         c.stride(0), c.stride(1), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                         GROUP_M=group_m, num_warps=num_warps, num_stages=num_stages)
     return c
-# endregion matmul
+# --8<-- [end:matmul]
 
 
 def _same(x: torch.Tensor, y: torch.Tensor) -> None:

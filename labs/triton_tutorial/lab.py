@@ -91,6 +91,12 @@ def format_row(r: dict) -> str:
             f"{rate:>8.1f} {trate:>8.1f} {unit:<7} {of_copy:>7} {r['rel_err']:>8.1e}")
 
 
+def printed(sections: dict) -> dict[str, str]:
+    """The table run() prints, as text: stored with the results for pages to show."""
+    rows = [r for name in EXPERIMENTS for r in sections.get(name, [])]
+    return {"all": "\n".join([HEADER, *map(format_row, rows)])}
+
+
 def _inputs(torch, case: Case):
     dtype = getattr(torch, case.dtype)
     g = torch.Generator(device="cuda").manual_seed(0)
