@@ -68,6 +68,15 @@ STEPS: tuple[Step, ...] = (
     Step("oom-scenarios", "labs.oom",
          ("--scenario", "all", "--out", "{out}"),
          what="reproduces and diagnoses the out-of-memory scenarios"),
+    Step("cuda-execution-bench", "labs.cuda_execution",
+         ("--out", "{out}"),
+         what="SIMT divergence and occupancy (registers, block size, shared memory), CUDA via load_inline"),
+    Step("cuda-memory-bench", "labs.cuda_memory",
+         ("--out", "{out}"),
+         what="coalesced, strided and scattered reads; tiled transpose; shared-memory bank conflicts"),
+    Step("triton-tutorial-bench", "labs.triton_tutorial",
+         ("--out", "{out}"),
+         what="Triton vector add, fused softmax and tiled matmul against torch"),
 )
 # --8<-- [end:steps]
 STEP_NAMES = tuple(step.name for step in STEPS)

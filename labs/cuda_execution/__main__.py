@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     except NoGpuError as e:
         return bench.fail(str(e))
     print("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
-    module = build(lab.SOURCE, "labs_cuda_execution")
+    try:
+        module = build(lab.SOURCE, "labs_cuda_execution")
+    except (RuntimeError, OSError) as e:  # nvcc missing or a compile error: its log went to stderr above
+        return bench.fail(f"building {lab.SOURCE.path.name} with load_inline failed: {str(e).splitlines()[0]}")
     limits = dict(zip(["sm_count", "regs_per_sm", "max_threads_per_sm", "max_blocks_per_sm", "smem_per_sm",
                        "reserved_smem_per_block", "max_smem_per_block", "warp_size"], module.device_limits()))
     print("device limits: " + ", ".join(f"{k} {v}" for k, v in limits.items()))

@@ -39,7 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     except NoGpuError as e:
         return bench.fail(str(e))
     print("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
-    module = build(lab.SOURCE, "labs_cuda_memory")
+    try:
+        module = build(lab.SOURCE, "labs_cuda_memory")
+    except (RuntimeError, OSError) as e:  # nvcc missing or a compile error: its log went to stderr above
+        return bench.fail(f"building {lab.SOURCE.path.name} with load_inline failed: {str(e).splitlines()[0]}")
     time = event_timer(torch, reps=args.reps)
     copy = copy_bandwidth_gb_s(torch, time)
     print(f"copy bandwidth: {copy:,.0f} GB/s (device-to-device copy_, bytes read + written)")
