@@ -131,19 +131,19 @@ def test_help_lists_the_flags():
 def test_the_page_table_renders_recorded_rows_or_says_not_recorded(tmp_path, monkeypatch):
     path = tmp_path / "cuda_execution.json"
     monkeypatch.setattr(report.RESULTS, "path", path)
-    assert "Not recorded yet" in report.cuda_execution_table("divergence")
+    assert "Not recorded yet" in report.cuda_execution_table("divergence", "H200")
     rows = lab.divergence_rows({"uniform": _t(100.0), "warp-split": _t(100.5), "lane-split": _t(198.0)})
     occ_row = lab.occupancy_row(lab.Config("occupancy", "read-ilp1", 256, 0), 32, 8, 132, _t(300.0), 4000.0)
-    entry = {"gpu": "NVIDIA H200", "date": "2030-01-02", "sm_count": 132, "compute_capability": "9.0",
-             "driver": "1", "cuda": "13.0", "torch": "2", "triton": "3", "copy_gb_s": 4000.0, "reps": 20,
-             "sections": {"divergence": rows, "occupancy": [occ_row]}}
-    results.write(path, "cuda_execution", entry)
-    md = report.cuda_execution_table("divergence")
+    env = {"gpu": "NVIDIA H200", "date": "2030-01-02", "sm_count": 132, "compute_capability": "9.0",
+           "driver": "1", "cuda": "13.0", "torch": "2", "triton": "3"}
+    results.record(path, "cuda_execution", env, {"copy_gb_s": 4000.0, "reps": 20}, {"divergence": rows, "occupancy": [occ_row]},
+                   lab.config_name, lab.printed)
+    md = report.cuda_execution_table("divergence", "H200")
     assert "NVIDIA H200" in md and "2030-01-02" in md and "| `lane-split` | 4,194,304 | 1,024 | 198.0 |" in md
     assert "1.98×" in md
-    md = report.cuda_execution_table("occupancy", kernel="read-ilp1")
+    md = report.cuda_execution_table("occupancy", "H200", kernel="read-ilp1")
     assert "| `read-ilp1` | memory | 256 | 0 | 32 | 8 | 8 | 100.0% | 300.0 | 3,579 | 0.90 | — |" in md
-    assert report.cuda_execution_occupancy_row("occupancy", "read-ilp1", occupancy=1.0)["time_us"] == 300.0
+    assert report.cuda_execution_occupancy_row("occupancy", "read-ilp1", occupancy=1.0, gpu="H200")["time_us"] == 300.0
 
 
 # ------------------------------------------------------------------ GPU

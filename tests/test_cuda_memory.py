@@ -107,13 +107,13 @@ def test_bad_arguments_exit_2_with_one_line(args, needle):
 def test_the_page_table_renders_recorded_rows_or_says_not_recorded(tmp_path, monkeypatch):
     path = tmp_path / "cuda_memory.json"
     monkeypatch.setattr(report.RESULTS, "path", path)
-    assert "Not recorded yet" in report.cuda_memory_table("transpose")
+    assert "Not recorded yet" in report.cuda_memory_table("transpose", "H200")
     times = {"copy (tiles)": _t(140.0), "naive": _t(700.0), "tiled": _t(300.0), "tiled + pad": _t(150.0)}
-    entry = {"gpu": "NVIDIA H200", "date": "2030-01-02", "sm_count": 132, "compute_capability": "9.0",
-             "driver": "1", "cuda": "13.0", "torch": "2", "triton": "3", "copy_gb_s": 4000.0, "reps": 20,
-             "sections": {"transpose": lab.transpose_rows(times, 4000.0)}}
-    results.write(path, "cuda_memory", entry)
-    md = report.cuda_memory_table("transpose")
+    env = {"gpu": "NVIDIA H200", "date": "2030-01-02", "sm_count": 132, "compute_capability": "9.0",
+           "driver": "1", "cuda": "13.0", "torch": "2", "triton": "3"}
+    results.record(path, "cuda_memory", env, {"copy_gb_s": 4000.0, "reps": 20}, {"transpose": lab.transpose_rows(times, 4000.0)},
+                   lab.config_name, lab.printed)
+    md = report.cuda_memory_table("transpose", "H200")
     assert "2030-01-02" in md and "| `tiled` | 8,192 | 300.0 | 1,790 | 0.447 | 2.14 | 32 |" in md
     assert "| `naive` | 8,192 | 700.0 | 767 | 0.192 | 5.00 | — |" in md
 

@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 
+from labs import recorded
 from labs.gpu_harness import cuda_build, results
 from labs.gpu_harness.report import Column, LabResults
 from labs.gpu_harness.timing import Summary, gb_per_s, summarize
@@ -71,41 +72,48 @@ def test_summary_is_the_median_and_spread_of_the_samples():
     assert gb_per_s(2**30, 268.4) == pytest.approx(4000.5, rel=1e-4)  # 1 GiB in 268.4 µs
 
 
-def _entry(gpu, date="2030-01-01", rows=None):
-    return {"gpu": gpu, "date": date, "sm_count": 132, "compute_capability": "9.0", "driver": "1", "cuda": "13.0",
-            "torch": "2", "triton": "3", "copy_gb_s": 4000.0, "reps": 20,
-            "sections": {"s": rows if rows is not None else [{"name": "a", "value": 1.5, "none": None}]}}
+ENV = {"gpu": "NVIDIA H200", "date": "2030-05-06", "sm_count": 132, "compute_capability": "9.0", "driver": "1",
+       "cuda": "13.0", "torch": "2", "triton": "3"}
 
 
-def test_recording_replaces_only_this_gpu_and_refuses_a_partial_entry(tmp_path):
+def _record(path, env=ENV, sections=None):
+    sections = sections if sections is not None else {"s": [{"name": "a", "value": 1.5, "none": None}]}
+    return results.record(path, "lab", env, {"copy_gb_s": 4000.0, "reps": 20}, sections,
+                          lambda exp, r: r["name"], lambda secs: {k: str(len(v)) for k, v in secs.items()})
+
+
+def test_recording_merges_rows_per_gpu_and_refuses_an_empty_section(tmp_path):
     path = tmp_path / "lab.json"
-    results.write(path, "lab", _entry("GPU A"))
-    results.write(path, "lab", _entry("GPU B"))
-    results.write(path, "lab", _entry("GPU A", date="2031-02-03"))
-    gpus = results.read(path, "lab")
-    assert sorted(gpus) == ["GPU A", "GPU B"] and gpus["GPU A"]["date"] == "2031-02-03"
+    _record(path)
+    _record(path, {**ENV, "gpu": "NVIDIA A100-SXM4-80GB"})
+    report = _record(path, {**ENV, "date": "2031-02-03"},
+                     {"s": [{"name": "a", "value": 2.5, "none": None}, {"name": "b", "value": 1.0, "none": 1}]})
+    assert report.replaced == ["s/a"] and report.added == ["s/b"]
+    doc = recorded.load_results(path)
+    assert sorted(doc.machines) == ["NVIDIA A100-SXM4-80GB", "NVIDIA H200"]
+    e = results.entry(path, "H200")
+    assert e["date"] == "2031-02-03" and e["sections"]["s"][0]["value"] == 2.5 and e["printed"] == {"s": "2"}
+    assert results.entry(path, "A100")["sections"]["s"][0]["value"] == 1.5
     before = path.read_text()
-    partial = _entry("GPU B")
-    del partial["sections"]
-    with pytest.raises(results.ResultsError, match="partial"):
-        results.write(path, "lab", partial)
-    assert path.read_text() == before
-    assert not list(tmp_path.glob("*.tmp"))
-    with pytest.raises(results.ResultsError):
-        results.read(path, "another_lab")
+    with pytest.raises(recorded.RecordedError, match="partial"):
+        _record(path, sections={"s": []})
+    assert path.read_text() == before and not list(tmp_path.glob("*.tmp"))
+    with pytest.raises(results.ResultsError, match="name the GPU"):
+        results.entry(path, "")
+    assert results.entry(tmp_path / "absent.json", "H200") is None
 
 
 def test_a_page_table_shows_the_recorded_values_gpu_and_date(tmp_path):
     path = tmp_path / "lab.json"
     lr = LabResults("lab", path, "python -m labs.lab --record",
                     {"s": [Column("Name", "name", "`{}`"), Column("Value", "value", "{:.2f}"), Column("None", "none")]})
-    assert not lr.recorded()
-    assert "Not recorded yet" in lr.table("s") and "python -m labs.lab --record" in lr.table("s")
-    results.write(path, "lab", _entry("NVIDIA H200", "2030-05-06"))
-    md = lr.table("s")
+    assert not lr.recorded("H200")
+    assert "Not recorded yet" in lr.table("s", "H200") and "python -m labs.lab --record" in lr.table("s", "H200")
+    _record(path)
+    md = lr.table("s", "H200")
     assert "NVIDIA H200" in md and "2030-05-06" in md and "4,000 GB/s" in md
     assert "| `a` | 1.50 | — |" in md
-    assert lr.row("s", "name", "a")["value"] == 1.5
+    assert lr.row("s", "name", "a", "H200")["value"] == 1.5
     assert lr.recorded("h200") and not lr.recorded("A100")
 
 
@@ -120,10 +128,12 @@ def test_nvcc_compiles_a_good_source_for_sm90(tmp_path):
 def test_results_files_of_the_labs_parse(request):
     """Whatever is recorded under labs/results/ for these labs is readable by its page."""
     for lab in ("cuda_execution", "cuda_memory", "triton_tutorial"):
-        path = results.RESULTS_DIR / f"{lab}.json"
-        if path.exists():
-            for name, e in results.read(path, lab).items():
-                assert e["gpu"] == name and e["sections"], json.dumps(e)[:200]
+        doc = recorded.load_results(results.RESULTS_DIR / f"{lab}.json")
+        if doc is not None:
+            assert doc.lab == lab and doc.key == results.KEY
+            for label, m in doc.machines.items():
+                e = results.entry(doc.path, label)
+                assert e["gpu"] == label and all(e["sections"].values()), json.dumps(e)[:200]
 
 
 def test_recorded_printed_tables_are_the_recorded_rows_formatted():
@@ -131,9 +141,10 @@ def test_recorded_printed_tables_are_the_recorded_rows_formatted():
     import importlib
 
     for name in ("cuda_execution", "cuda_memory", "triton_tutorial"):
-        path = results.RESULTS_DIR / f"{name}.json"
-        if not path.exists():
+        doc = recorded.load_results(results.RESULTS_DIR / f"{name}.json")
+        if doc is None:
             continue
         lab = importlib.import_module(f"labs.{name}.lab")
-        for gpu, e in results.read(path, name).items():
-            assert e["printed"] == lab.printed(e["sections"]), (name, gpu)
+        for label in doc.machines:
+            e = results.entry(doc.path, label)
+            assert e["printed"] == lab.printed(e["sections"]), (name, label)

@@ -126,15 +126,15 @@ def test_bad_arguments_exit_2_with_one_line(args):
 def test_the_page_table_renders_recorded_rows_or_says_not_recorded(tmp_path, monkeypatch):
     path = tmp_path / "triton_tutorial.json"
     monkeypatch.setattr(report.RESULTS, "path", path)
-    assert "Not recorded yet" in report.triton_tutorial_table("matmul")
+    assert "Not recorded yet" in report.triton_tutorial_table("matmul", "H200")
     mm = lab.Case("matmul", (4096, 4096, 4096), "bfloat16")
-    entry = {"gpu": "NVIDIA H200", "date": "2030-01-02", "sm_count": 132, "compute_capability": "9.0",
-             "driver": "1", "cuda": "13.0", "torch": "2", "triton": "3", "copy_gb_s": 4000.0, "reps": 20,
-             "sections": {"matmul": [lab.row(mm, _t(250.0), _t(200.0), 2.1e-3, 2.0e-3, 4000.0)]}}
-    results.write(path, "triton_tutorial", entry)
-    md = report.triton_tutorial_table("matmul")
+    env = {"gpu": "NVIDIA H200", "date": "2030-01-02", "sm_count": 132, "compute_capability": "9.0",
+           "driver": "1", "cuda": "13.0", "torch": "2", "triton": "3"}
+    results.record(path, "triton_tutorial", env, {"copy_gb_s": 4000.0, "reps": 20}, {"matmul": [lab.row(mm, _t(250.0), _t(200.0), 2.1e-3, 2.0e-3, 4000.0)]},
+                   lab.config_name, lab.printed)
+    md = report.triton_tutorial_table("matmul", "H200")
     assert "2030-01-02" in md and "| `matmul-4096x4096x4096-bfloat16` | 250.0 | 200.0 | 1.250 | 550 | 687 |" in md
-    assert report.triton_tutorial_row("matmul-4096x4096x4096-bfloat16")["tflop_s"] == 549.8
+    assert report.triton_tutorial_row("matmul-4096x4096x4096-bfloat16", "H200")["tflop_s"] == 549.8
 
 
 # ------------------------------------------------------------------ GPU

@@ -161,6 +161,13 @@ def format_occupancy(row: dict) -> str:
             f"{row['time_us']:>9.1f} {rate:>10.1f} {unit:<8} {of_copy}")
 
 
+def config_name(experiment: str, row: dict) -> str:
+    """The recorded row key within an experiment: the mode, or kernel/block/shared memory."""
+    if experiment == "divergence":
+        return row["mode"]
+    return f"{row['kernel']}/block-{row['block']}/smem-{row['smem_bytes']}"
+
+
 def printed(sections: dict) -> dict[str, str]:
     """The tables run() prints, per section, as text: stored with the results for pages to show."""
     out = {}

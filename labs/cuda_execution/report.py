@@ -29,23 +29,23 @@ RESULTS = LabResults(
 )
 
 
-def cuda_execution_recorded(gpu: str | None = None) -> bool:
-    """True when labs/results/cuda_execution.json holds an entry (for `gpu`, if named)."""
+def cuda_execution_recorded(gpu: str) -> bool:
+    """True when labs/results/cuda_execution.json holds an entry for `gpu`."""
     return RESULTS.recorded(gpu)
 
 
-def cuda_execution_table(section: str, gpu: str | None = None, kernel: str | None = None) -> str:
+def cuda_execution_table(section: str, gpu: str, kernel: str | None = None) -> str:
     """One experiment's rows (divergence, occupancy, block-size, registers), or "not recorded yet"."""
     return RESULTS.table(section, gpu, {"kernel": kernel} if kernel else None)
 
 
-def cuda_execution_row(section: str, key: str, value, gpu: str | None = None) -> dict:
+def cuda_execution_row(section: str, key: str, value, gpu: str) -> dict:
     """The first row of a section whose `key` equals `value`; raises when not recorded."""
     return RESULTS.row(section, key, value, gpu)
 
 
 def cuda_execution_occupancy_row(section: str, kernel: str, occupancy: float | None = None,
-                                 block: int | None = None, gpu: str | None = None) -> dict:
+                                 block: int | None = None, *, gpu: str) -> dict:
     """The row of `kernel` in a section at an occupancy (a fraction) or a block size."""
     for r in RESULTS.rows(section, gpu):
         if r["kernel"] == kernel and (occupancy is None or abs(r["occupancy"] - occupancy) < 1e-6) \
@@ -54,12 +54,12 @@ def cuda_execution_occupancy_row(section: str, kernel: str, occupancy: float | N
     raise KeyError(f"cuda_execution: no {section} row for {kernel} at occupancy {occupancy}, block {block}")
 
 
-def cuda_execution_entry(gpu: str | None = None) -> dict:
+def cuda_execution_entry(gpu: str) -> dict:
     """The whole recorded entry: gpu, date, copy_gb_s, device_limits, sections."""
     return RESULTS.entry(gpu)
 
 
-def cuda_execution_env(gpu: str | None = None) -> str:
+def cuda_execution_env(gpu: str) -> str:
     """Where and when the rows were measured, or "not recorded yet"."""
     return RESULTS.env_line(gpu)
 

@@ -47,9 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     copy = copy_bandwidth_gb_s(torch, time)
     print(f"copy bandwidth: {copy:,.0f} GB/s (device-to-device copy_, bytes read + written)")
     sections = lab.run(torch, module, time, env["sm_count"], copy, experiments)
-    entry = {**env, "copy_gb_s": round(copy, 1), "reps": args.reps,
-             "sections": sections, "printed": lab.printed(sections)}
-    bench.finish(LAB, entry, args.out, args.record, RESULTS_PATH)
+    run = {"copy_gb_s": round(copy, 1), "reps": args.reps}
+    bench.finish(LAB, env, run, sections, lab, args.out, args.record, RESULTS_PATH)
     return 0
 
 

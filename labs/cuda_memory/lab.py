@@ -110,6 +110,12 @@ def format_smem(r: dict) -> str:
     return f"{r['stride_words']:>6} {r['bank_ways']:>9} {r['time_us']:>9.1f} {r['slowdown']:>8.2f}"
 
 
+def config_name(experiment: str, row: dict) -> str:
+    """The recorded row key within an experiment: the pattern, the variant, or the stride."""
+    return {"reads": lambda: row["pattern"], "transpose": lambda: row["variant"],
+            "bank-conflicts": lambda: f"stride-{row['stride_words']}"}[experiment]()
+
+
 def printed(sections: dict) -> dict[str, str]:
     """The tables run() prints, per section, as text: stored with the results for pages to show."""
     fmt = {"reads": (READ_HEADER, format_read), "transpose": (TRANSPOSE_HEADER, format_transpose),

@@ -25,27 +25,27 @@ RESULTS = LabResults(
 )
 
 
-def cuda_memory_recorded(gpu: str | None = None) -> bool:
-    """True when labs/results/cuda_memory.json holds an entry (for `gpu`, if named)."""
+def cuda_memory_recorded(gpu: str) -> bool:
+    """True when labs/results/cuda_memory.json holds an entry for `gpu`."""
     return RESULTS.recorded(gpu)
 
 
-def cuda_memory_table(section: str, gpu: str | None = None) -> str:
+def cuda_memory_table(section: str, gpu: str) -> str:
     """One experiment's rows (reads, transpose, bank-conflicts), or "not recorded yet"."""
     return RESULTS.table(section, gpu)
 
 
-def cuda_memory_row(section: str, key: str, value, gpu: str | None = None) -> dict:
+def cuda_memory_row(section: str, key: str, value, gpu: str) -> dict:
     """The first row of a section whose `key` equals `value`; raises when not recorded."""
     return RESULTS.row(section, key, value, gpu)
 
 
-def cuda_memory_entry(gpu: str | None = None) -> dict:
+def cuda_memory_entry(gpu: str) -> dict:
     """The whole recorded entry: gpu, date, copy_gb_s, sections."""
     return RESULTS.entry(gpu)
 
 
-def cuda_memory_env(gpu: str | None = None) -> str:
+def cuda_memory_env(gpu: str) -> str:
     """Where and when the rows were measured, or "not recorded yet"."""
     return RESULTS.env_line(gpu)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from labs import recorded
 from labs.gpu_harness import results
 from labs.gpu_harness.args import Parser, int_in, out_dir
 
@@ -34,19 +35,17 @@ def validate(p: Parser, args) -> tuple[str, ...]:
     return tuple(args.only) if args.only else None
 
 
-def finish(lab: str, entry: dict, out: Path | None, record: bool, results_path: Path) -> None:
-    """Write the entry to --out and, with --record, into the lab's results file."""
+def finish(lab: str, env: dict, extra_run: dict, sections: dict, lab_module, out: Path | None, record: bool,
+           results_path: Path) -> None:
+    """Write the run to --out and, with --record, merge it into the lab's results file (labs/recorded.py)."""
+    args = (lab, env, extra_run, sections, lab_module.config_name, lab_module.printed)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        path = out / results_path.name
-        results.write(path, lab, entry)
-        print(f"wrote {path}")
+        print(results.record(out / results_path.name, *args))
     if record:
-        gpus = results.write(results_path, lab, entry)
-        print(f"recorded {entry['gpu']} in labs/results/{results_path.name}")
+        print(results.record(results_path, *args))
         if out is not None:  # the device machine returns only --out: keep the whole recorded file there
-            results._write_atomic(out / f"recorded_{results_path.name}",
-                                  {"schema": results.SCHEMA, "lab": lab, "gpus": gpus})
+            recorded.write_atomic(out / f"recorded_{results_path.name}", results_path.read_text(encoding="utf-8"))
 
 
 def fail(message: str) -> int:

@@ -26,17 +26,11 @@ class LabResults:
     def __init__(self, lab: str, path: Path, command: str, columns: dict[str, list[Column]]):
         self.lab, self.path, self.command, self.columns = lab, path, command, columns
 
-    def _gpus(self) -> dict[str, dict]:
-        return results.read(self.path, self.lab)  # at call time: `mkdocs serve` sees a new recording
+    def recorded(self, gpu: str) -> bool:
+        return results.entry(self.path, gpu) is not None  # read at call time: `mkdocs serve` sees a new run
 
-    def recorded(self, gpu: str | None = None) -> bool:
-        try:
-            return results.select(self._gpus(), gpu) is not None
-        except results.ResultsError:
-            return False
-
-    def entry(self, gpu: str | None = None) -> dict:
-        e = results.select(self._gpus(), gpu)
+    def entry(self, gpu: str) -> dict:
+        e = results.entry(self.path, gpu)
         if e is None:
             raise results.ResultsError(f"no {self.lab} results for GPU {gpu!r} in {self.path.name}; record them "
                                        f"with `{self.command}`, or guard the call with the lab's recorded() macro")
@@ -45,7 +39,7 @@ class LabResults:
     def missing(self) -> str:
         return recorded.missing(self.path, self.command)
 
-    def env_line(self, gpu: str | None = None) -> str:
+    def env_line(self, gpu: str) -> str:
         if not self.recorded(gpu):
             return self.missing()
         e = self.entry(gpu)
@@ -54,19 +48,19 @@ class LabResults:
                 f"copy bandwidth in the same run {e['copy_gb_s']:,.0f} GB/s (read + written); "
                 f"medians of {e['reps']} calls, L2 flushed before each.")
 
-    def rows(self, section: str, gpu: str | None = None) -> list[dict]:
+    def rows(self, section: str, gpu: str) -> list[dict]:
         e = self.entry(gpu)
         if section not in e["sections"]:
             raise results.ResultsError(f"{self.lab}: no section {section!r}; recorded: {sorted(e['sections'])}")
         return e["sections"][section]
 
-    def row(self, section: str, key: str, value, gpu: str | None = None) -> dict:
+    def row(self, section: str, key: str, value, gpu: str) -> dict:
         for r in self.rows(section, gpu):
             if r.get(key) == value:
                 return r
         raise results.ResultsError(f"{self.lab}: no row with {key} = {value!r} in section {section!r}")
 
-    def table(self, section: str, gpu: str | None = None, where: dict | None = None) -> str:
+    def table(self, section: str, gpu: str, where: dict | None = None) -> str:
         """The section's rows as a Markdown table, under the line saying where and when they were measured."""
         if not self.recorded(gpu):
             return self.missing()

@@ -1,65 +1,66 @@
-"""The results files of the Part 3 labs: one JSON document per lab, one entry per GPU.
+"""The Part 3 labs' results files, through the project's one record writer (labs/recorded.py).
 
-    {"schema": 1, "lab": "<lab>", "gpus": {"<GPU name>": {<environment>, "sections": {...}}}}
-
-Recording replaces only the running GPU's entry, and only after the whole benchmark
-finished: a run that fails part-way writes nothing, so a recorded result is never
-replaced by a partial one.
+A lab's benchmark produces sections of rows ({"divergence": [...], "occupancy": [...]}).
+Here they become recorded rows keyed by (experiment, config), each carrying the run it
+came from (date, driver, versions, the copy bandwidth of that run); the tables the
+benchmark printed are stored as the machine's derived "printed" text. Reading turns a
+machine's rows back into sections for the page macros. Recording happens only after
+every experiment finished, so a failed run changes nothing.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
-SCHEMA = 1
-RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
+from labs import recorded
+
+RESULTS_DIR = recorded.RESULTS_DIR
+KEY = ("experiment", "config")
+_OWN = {"config", "ok", "run"}  # "experiment" stays: some rows carry it themselves
 
 
 class ResultsError(ValueError):
-    """A results file is malformed, or holds no entry for what a page asked."""
+    """A page asked for a GPU, section or row the results file does not hold."""
 
 
-def read(path: Path, lab: str) -> dict[str, dict]:
-    """GPU name -> entry; {} when the file does not exist."""
-    if not path.is_file():
-        return {}
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    if doc.get("schema") != SCHEMA or doc.get("lab") != lab or not isinstance(doc.get("gpus"), dict):
-        raise ResultsError(f"{path.name}: expected schema {SCHEMA}, lab {lab!r} and a 'gpus' mapping")
-    return doc["gpus"]
+def to_rows(sections: dict[str, list[dict]], config_name: Callable[[str, dict], str]) -> list[dict]:
+    """Recorded rows: each section's rows with their experiment, config name and "ok"."""
+    return [{"experiment": name, "config": config_name(name, r), "ok": True, **r}
+            for name, rows in sections.items() for r in rows]
 
 
-def _write_atomic(path: Path, doc: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, path)
+def sections_of(rows: list[dict]) -> dict[str, list[dict]]:
+    """Recorded rows grouped back by experiment, in recorded order, without the recorder's config, ok and run."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["experiment"], []).append({k: v for k, v in r.items() if k not in _OWN})
+    return out
 
 
-def write(path: Path, lab: str, entry: dict) -> dict[str, dict]:
-    """Write `entry` under its GPU's name into `path`, keeping the other GPUs; returns all entries."""
-    for key in ("gpu", "date", "sections"):
-        if key not in entry:
-            raise ResultsError(f"entry for {lab} has no {key!r}: refusing to record a partial result")
-    gpus = read(path, lab)
-    gpus[entry["gpu"]] = entry
-    _write_atomic(path, {"schema": SCHEMA, "lab": lab, "gpus": dict(sorted(gpus.items()))})
-    return gpus
+def record(path: Path, lab: str, env: dict, extra_run: dict, sections: dict[str, list[dict]],
+           config_name: Callable[[str, dict], str],
+           printed: Callable[[dict], dict[str, str]]) -> recorded.RecordReport:
+    """Merge one finished run into `path`: its rows replace the same (experiment, config) rows of this GPU."""
+    if not sections or not all(sections.values()):
+        raise recorded.RecordedError(f"{lab}: an empty section; refusing to record a partial run")
+    run = {k: v for k, v in env.items() if k != "gpu"} | extra_run
+    return recorded.record_rows(path, lab, recorded.Machine(env["gpu"]), to_rows(sections, config_name), KEY, run,
+                                derive=lambda rows: {"printed": printed(sections_of(rows))})
 
 
-def select(gpus: dict[str, dict], gpu: str | None) -> dict | None:
-    """The entry whose GPU name is `gpu` (exact, else a unique case-insensitive part), or the only one."""
-    if not gpus:
+def entry(path: Path, gpu: str) -> dict | None:
+    """One GPU's results as the pages use them, or None when nothing is recorded for it.
+
+    {"gpu", the latest run's fields ("driver", "torch", "copy_gb_s", ...), "date" (a date
+    or a range when rows come from several runs), "sections", "printed"}.
+    """
+    if not gpu:
+        raise ResultsError("name the GPU whose results the page shows (gpu=\"H200\")")
+    res = recorded.load_results(path)
+    if res is None or not res.has(gpu):
         return None
-    if gpu is None:
-        if len(gpus) > 1:
-            raise ResultsError(f"results for several GPUs ({sorted(gpus)}): pass gpu=...")
-        return next(iter(gpus.values()))
-    if gpu in gpus:
-        return gpus[gpu]
-    found = [e for name, e in gpus.items() if gpu.lower() in name.lower()]
-    return found[0] if len(found) == 1 else None
+    m = res.machine(gpu)
+    latest = max(m.runs, key=lambda run: run.get("date", ""))
+    return {"gpu": m.label, **latest, "date": m.dates, "sections": sections_of(m.rows),
+            "printed": m.derived.get("printed", {})}

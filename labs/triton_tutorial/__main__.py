@@ -45,9 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         sections = lab.run(torch, time, copy, experiments)
     except AssertionError as e:
         return bench.fail(str(e))
-    entry = {**env, "copy_gb_s": round(copy, 1), "reps": args.reps, "sections": sections,
-             "printed": lab.printed(sections)}
-    bench.finish(LAB, entry, args.out, args.record, RESULTS_PATH)
+    run = {"copy_gb_s": round(copy, 1), "reps": args.reps}
+    bench.finish(LAB, env, run, sections, lab, args.out, args.record, RESULTS_PATH)
     return 0
 
 

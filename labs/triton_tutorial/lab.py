@@ -91,6 +91,11 @@ def format_row(r: dict) -> str:
             f"{rate:>8.1f} {trate:>8.1f} {unit:<7} {of_copy:>7} {r['rel_err']:>8.1e}")
 
 
+def config_name(experiment: str, row: dict) -> str:
+    """The recorded row key within an experiment: the case name."""
+    return row["case"]
+
+
 def printed(sections: dict) -> dict[str, str]:
     """The table run() prints, as text: stored with the results for pages to show."""
     rows = [r for name in EXPERIMENTS for r in sections.get(name, [])]

@@ -25,28 +25,28 @@ RESULTS = LabResults(
 )
 
 
-def triton_tutorial_recorded(gpu: str | None = None) -> bool:
-    """True when labs/results/triton_tutorial.json holds an entry (for `gpu`, if named)."""
+def triton_tutorial_recorded(gpu: str) -> bool:
+    """True when labs/results/triton_tutorial.json holds an entry for `gpu`."""
     return RESULTS.recorded(gpu)
 
 
-def triton_tutorial_table(section: str, gpu: str | None = None) -> str:
+def triton_tutorial_table(section: str, gpu: str) -> str:
     """One kernel's rows (add, softmax, matmul), or "not recorded yet"."""
     return RESULTS.table(section, gpu)
 
 
-def triton_tutorial_row(case: str, gpu: str | None = None) -> dict:
+def triton_tutorial_row(case: str, gpu: str) -> dict:
     """One case's recorded row by name (e.g. "matmul-8192x8192x8192-bfloat16"); raises when not recorded."""
     kernel = case.split("-", 1)[0]
     return RESULTS.row(kernel, "case", case, gpu)
 
 
-def triton_tutorial_entry(gpu: str | None = None) -> dict:
+def triton_tutorial_entry(gpu: str) -> dict:
     """The whole recorded entry: gpu, date, copy_gb_s, sections."""
     return RESULTS.entry(gpu)
 
 
-def triton_tutorial_env(gpu: str | None = None) -> str:
+def triton_tutorial_env(gpu: str) -> str:
     """Where and when the rows were measured, or "not recorded yet"."""
     return RESULTS.env_line(gpu)
 
