@@ -12,17 +12,17 @@ from pathlib import Path
 
 from labs import recorded
 from labs.gpu_harness import results
-from labs.gpu_harness.args import Parser, int_in, out_dir
+from labs.cli import Parser, count, output_dir, reject
 
 
 def parser(prog: str, description: str, experiments: tuple[str, ...], results_path: Path) -> Parser:
     p = Parser(prog=prog, description=description)
-    p.add_argument("--out", type=out_dir, metavar="DIR", help="folder to write the results JSON into")
+    p.add_argument("--out", type=output_dir, metavar="DIR", help="folder to write the results JSON into")
     p.add_argument("--record", action="store_true",
                    help=f"also store this GPU's entry in labs/results/{results_path.name} (only after every "
                    "experiment ran; other GPUs' entries are kept); needs every experiment, so no --only")
-    p.add_argument("--reps", type=int_in(3, 1000), default=20, metavar="N",
-                   help="timed calls per measurement, 3 to 1000 (default 20); the median is reported")
+    p.add_argument("--reps", type=count(1000, "timed calls per measurement"), default=20, metavar="N",
+                   help="timed calls per measurement, 1 to 1000 (default 20); the median is reported")
     p.add_argument("--only", action="append", choices=experiments, metavar="NAME",
                    help=f"run only this experiment (repeatable): {', '.join(experiments)}")
     return p
@@ -31,7 +31,7 @@ def parser(prog: str, description: str, experiments: tuple[str, ...], results_pa
 def validate(p: Parser, args) -> tuple[str, ...]:
     """The experiments to run; refuses --record with --only (a partial entry)."""
     if args.record and args.only:
-        p.error("--record stores a whole entry: run it without --only")
+        reject(p, "--record", "stores every experiment's rows: run it without --only")
     return tuple(args.only) if args.only else None
 
 
