@@ -148,3 +148,23 @@ def test_recorded_printed_tables_are_the_recorded_rows_formatted():
         for label in doc.machines:
             e = results.entry(doc.path, label)
             assert e["printed"] == lab.printed(e["sections"]), (name, label)
+
+
+def test_finish_writes_out_and_records_with_a_copy_of_the_whole_file(tmp_path, monkeypatch, capsys):
+    """What a GPU run sends back (--out) holds this run and, with --record, the merged results file."""
+    import types
+
+    from labs.gpu_harness import bench
+
+    lab_module = types.SimpleNamespace(config_name=lambda exp, r: r["name"],
+                                       printed=lambda secs: {k: f"{len(v)} rows" for k, v in secs.items()})
+    results_path = tmp_path / "results" / "lab.json"
+    _record(results_path, {**ENV, "gpu": "NVIDIA A100-SXM4-80GB"})  # another GPU already recorded
+    out = tmp_path / "out"
+    bench.finish("lab", ENV, {"copy_gb_s": 4000.0, "reps": 20}, {"s": [{"name": "a", "value": 1.5, "none": None}]},
+                 lab_module, out, True, results_path)
+    assert "recorded 1 row(s) for NVIDIA H200" in capsys.readouterr().out
+    assert sorted(recorded.load_results(out / "lab.json").machines) == ["NVIDIA H200"]
+    whole = recorded.load_results(out / "recorded_lab.json")
+    assert sorted(whole.machines) == ["NVIDIA A100-SXM4-80GB", "NVIDIA H200"]
+    assert whole.machines["NVIDIA H200"].derived == {"printed": {"s": "1 rows"}}
