@@ -189,3 +189,32 @@ def test_gpu_every_occupancy_kernel_launches(built):
                            src.numel() // 4, 16, blocks * 4, cfg.block, cfg.smem)
     torch.cuda.synchronize()
     assert sink.item() == 0.0
+
+
+def _cuobjdump():
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    try:
+        import triton
+
+        from pathlib import Path
+
+        bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+        return str(bundled) if bundled.exists() else None
+    except ImportError:
+        return None
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or _cuobjdump() is None, reason="nvcc or cuobjdump not installed")
+def test_nvcc_unrolls_the_one_load_read_loop_as_the_lab_page_says(tmp_path):
+    """The page explains read-ilp1 = read-ilp4 by nvcc's unrolling: both have several 16-byte loads in SASS."""
+    proc = cuda_build.nvcc_compile(lab.SOURCE, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    counts = {}
+    for ilp in (1, 4):
+        name = f"_Z18stream_read_kernelILi{ilp}EEvPK6float4Pfx"
+        sass = subprocess.run([_cuobjdump(), "-sass", "-fun", name, str(tmp_path / "kernels.o")],
+                              capture_output=True, text=True, timeout=120).stdout
+        counts[ilp] = sass.count("LDG.E.128")
+    assert counts[1] >= 4 and counts[4] >= 4, counts
