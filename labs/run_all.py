@@ -72,6 +72,15 @@ STEPS: tuple[Step, ...] = (
          ("--model", "llama-3.1-8b", "--num-prompts", "32", "--prompt-len", "256", "--max-tokens", "64",
           "--max-model-len", "1024", "--json"),
          what="the serving engine at Llama-3.1-8B shapes (random weights): runs, and its decode step time"),
+    Step("cuda-execution-bench", "labs.cuda_execution",
+         ("--out", "{out}"),
+         what="SIMT divergence and occupancy (registers, block size, shared memory), CUDA via load_inline"),
+    Step("cuda-memory-bench", "labs.cuda_memory",
+         ("--out", "{out}"),
+         what="coalesced, strided and scattered reads; tiled transpose; shared-memory bank conflicts"),
+    Step("triton-tutorial-bench", "labs.triton_tutorial",
+         ("--out", "{out}"),
+         what="Triton vector add, fused softmax and tiled matmul against torch"),
 )
 # --8<-- [end:steps]
 STEP_NAMES = tuple(step.name for step in STEPS)

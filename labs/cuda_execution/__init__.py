@@ -1,0 +1,1 @@
+"""Execution-model lab: SIMT divergence and occupancy, measured with small CUDA kernels."""
