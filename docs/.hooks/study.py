@@ -89,7 +89,9 @@ def misconceptions_page(bank: Bank, removed: dict[str, dict]) -> str:
 
     for bq in sorted(bank.questions.values(), key=lambda b: (b.q.part, b.slug)):
         for belief in bq.q.misconceptions:
-            item = f"- {belief.rstrip('.')}. Corrected in {_link(uri, bq.src_uri, bq.q.title)}."
+            said = belief.strip().rstrip(".")
+            said = said[:1].upper() + said[1:]
+            item = f"- “{said}.” Corrected in {_link(uri, bq.src_uri, bq.q.title)}."
             by_part.setdefault(bq.q.part, []).append(item)
 
     for name, entry in removed.items():

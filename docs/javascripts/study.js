@@ -115,12 +115,11 @@
     var select = h("select", { class: "bank-study__module", "aria-label": "Module" },
       [h("option", { value: "", text: "Every module" })]);
     parts.forEach(function (p) {
-      var heading = null;
-      document.querySelectorAll("h2").forEach(function (node) {
-        var link = node.querySelector("a[href]");
-        if (link && pathOf(link.href).indexOf("/questions/" + p + "/") >= 0) heading = node;
+      var label = p;
+      document.querySelectorAll("article h2 a[href]:not(.headerlink)").forEach(function (link) {
+        if (pathOf(link.href).indexOf("/questions/" + p + "/") >= 0) label = link.textContent.trim();
       });
-      select.appendChild(h("option", { value: p, text: heading ? heading.textContent.trim() : p }));
+      select.appendChild(h("option", { value: p, text: label }));
     });
     select.value = part;
     bar.appendChild(h("label", { class: "bank-study__select" }, ["Module ", select]));
