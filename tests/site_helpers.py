@@ -79,6 +79,9 @@ def session_site_url() -> str:
 # Files a minimal copy of the site needs besides its content.
 SITE_MACHINERY = ["mkdocs.yml", "macros.py", "docs/.hooks", "docs/.data", "docs/.overrides", "labs",
                   "docs/stylesheets", "docs/javascripts"]
+# Pages rendered from the data files alone (no links to lessons or questions): copied whole,
+# since generated pages (the misconceptions index) link their anchors.
+GENERATED_FROM_DATA = ["docs/reference/vllm-facts.md"]
 
 
 class _AnyTagLoader(yaml.SafeLoader):
@@ -115,6 +118,8 @@ def copy_site(dest: Path) -> Path:
             stub = dest / "docs" / uri
             stub.parent.mkdir(parents=True, exist_ok=True)
             stub.write_text(f"# {Path(uri).stem}\n", encoding="utf-8")
+    for rel in GENERATED_FROM_DATA:
+        shutil.copy2(ROOT / rel, dest / rel)
     (dest / "questions").mkdir(exist_ok=True)
     (dest / "docs" / "lessons").mkdir(parents=True, exist_ok=True)
     return dest

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bank as bank_lib  # noqa: E402
 import bank_render as render  # noqa: E402
 import glossary  # noqa: E402
+import study  # noqa: E402
 
 # Nav entries in mkdocs.yml that the hook expands into generated sections.
 LESSONS_INDEX = "lessons/index.md"
@@ -52,7 +53,7 @@ def _lessons_section(bank: bank_lib.Bank) -> list:
 
 
 def _bank_section(bank: bank_lib.Bank) -> list:
-    section: list = [BANK_INDEX]
+    section: list = [BANK_INDEX, study.MISCONCEPTIONS_PAGE]
     for module in bank.modules:
         if module.bank:
             pages = [f"questions/part-{module.part}/index.md"]
@@ -81,6 +82,14 @@ def _expand_nav(nav: list, expansions: dict[str, list]) -> list:
         else:
             out.append(entry)
     return out
+
+
+def _removed_names(root: Path) -> dict[str, dict]:
+    """The facts file's `removed` section: vLLM names that 0.33 no longer has."""
+    import yaml
+
+    data = yaml.safe_load((root / bank_lib.VLLM_FACTS_FILE).read_text(encoding="utf-8"))
+    return dict(data.get("removed") or {})
 
 
 # ---------------------------------------------------------------------------
@@ -136,6 +145,9 @@ def on_files(files, config):
             BANK_INDEX: render.bank_index(bank),
             LESSONS_INDEX: render.lessons_index(bank),
             glossary.PAGE: glossary.glossary_page(_root(config)),
+            study.MISCONCEPTIONS_PAGE: study.misconceptions_page(bank, _removed_names(_root(config))),
+            # A stand-in, so links to the deck validate; on_post_build writes the real one.
+            study.FLASHCARDS_FILE: study.deck_text([]),
         }
         for module in bank.modules:
             pages[f"lessons/part-{module.part}/index.md"] = render.lessons_module_index(bank, module)
@@ -162,6 +174,30 @@ def on_page_markdown(markdown, page, config, files):
                               "the build renders it from the questions")
         markdown += render.lesson_footer(bank, bank.lessons[lesson_id])
     return markdown + "\n\n" + _state["abbreviations"]
+
+
+def on_page_content(html, page, config, files):
+    slug = page.meta.get("bank_question")
+    if slug:
+        bq = _state["bank"].questions[slug]
+        try:
+            _state.setdefault("cards", {})[slug] = study.card(_state["bank"], bq, html, page.canonical_url or page.url)
+        except ValueError as err:
+            raise PluginError(str(err)) from None
+    return html
+
+
+def on_post_build(config):
+    """Write the flashcard deck from the rendered question pages, in bank order."""
+    bank: bank_lib.Bank = _state["bank"]
+    cards = _state.get("cards", {})
+    missing = [bq.path for bq in bank.questions.values() if bq.slug not in cards]
+    if missing:  # `mkdocs serve` rebuilds only changed pages: keep the last full deck
+        return
+    deck = study.deck_text([cards[slug] for slug in bank.questions])
+    target = Path(config.site_dir) / study.FLASHCARDS_FILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(deck, encoding="utf-8")
 
 
 def on_page_context(context, page, config, nav):

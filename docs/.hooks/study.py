@@ -1,0 +1,212 @@
+"""Study tools generated from the bank: the misconceptions index and the flashcard deck.
+
+Both are derived, never hand-written, so they cannot fall behind the content:
+
+* The misconceptions index gathers every stale or wrong belief the site corrects.
+  Two sources: each question's `misconceptions` list, and the names vLLM dropped
+  (`removed` in labs/data/vllm.yaml: V0 flags, metrics and request fields). A
+  dropped name links to every page that mentions it through the `removed()`
+  macro, since those are the pages that explain what replaced it.
+* The flashcard deck is the bank in Anki's text-import format. Its backs are
+  taken from the rendered question pages (`on_page_content`), so numbers that
+  macros render appear as the page shows them, not as raw `{{ ... }}`.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from bank import Bank, BankQuestion, Module
+
+MISCONCEPTIONS_PAGE = "questions/misconceptions.md"
+FLASHCARDS_FILE = "questions/flashcards.txt"
+DECK_NAME = "LLM Inference Interview Bank"
+
+# `removed("--swap-space")` in a page's source, with either quote.
+_REMOVED_CALL = re.compile(r"""removed\(\s*(["'])(.+?)\1""")
+
+
+@dataclass(frozen=True)
+class Mention:
+    """A page that names a removed vLLM name: which module it belongs to, and where it is."""
+
+    part: int | None  # None: a reference or other page outside the modules
+    src_uri: str  # relative to docs/ (a question's generated page for YAML sources)
+    title: str
+
+
+def _title_of(path: Path) -> str:
+    """A lesson's or page's title: front matter `title:` first, else its first `# ` heading."""
+    text = path.read_text(encoding="utf-8")
+    match = re.search(r"^title:\s*(.+)$", text, re.M) or re.search(r"^#\s+(.+)$", text, re.M)
+    return match.group(1).strip().strip("\"'") if match else path.stem
+
+
+def removed_mentions(bank: Bank) -> dict[str, list[Mention]]:
+    """For each removed name, the pages that mention it through the removed() macro, in site order."""
+    root = bank.root
+    found: dict[str, list[Mention]] = {}
+
+    def note(name: str, mention: Mention) -> None:
+        bucket = found.setdefault(name, [])
+        if mention not in bucket:
+            bucket.append(mention)
+
+    for bq in sorted(bank.questions.values(), key=lambda b: (b.q.part, b.slug)):
+        text = (root / bq.path).read_text(encoding="utf-8")
+        for _, name in _REMOVED_CALL.findall(text):
+            note(name, Mention(bq.q.part, bq.src_uri, bq.q.title))
+    docs = root / "docs"
+    for path in sorted(docs.rglob("*.md")):
+        rel = path.relative_to(docs).as_posix()
+        if rel.startswith(".") or "/." in rel or rel.endswith("_template.md"):
+            continue
+        lesson_id = rel[len("lessons/"):-len(".md")] if rel.startswith("lessons/") else None
+        lesson = bank.lessons.get(lesson_id) if lesson_id else None
+        for _, name in _REMOVED_CALL.findall(path.read_text(encoding="utf-8")):
+            if lesson is not None:
+                note(name, Mention(lesson.part, rel, lesson.meta.title))
+            else:
+                note(name, Mention(None, rel, _title_of(path)))
+    return found
+
+
+def _link(from_uri: str, to_uri: str, text: str) -> str:
+    import os
+
+    target = os.path.relpath(to_uri, os.path.dirname(from_uri)).replace(os.sep, "/")
+    return f"[{text}]({target})"
+
+
+def misconceptions_page(bank: Bank, removed: dict[str, dict]) -> str:
+    """The index page: per module, the beliefs its questions correct and the vLLM names it retires."""
+    uri = MISCONCEPTIONS_PAGE
+    mentions = removed_mentions(bank)
+    by_part: dict[int | None, list[str]] = {}
+
+    for bq in sorted(bank.questions.values(), key=lambda b: (b.q.part, b.slug)):
+        for belief in bq.q.misconceptions:
+            said = belief.strip().rstrip(".")
+            said = said[:1].upper() + said[1:]
+            item = f"- “{said}.” Corrected in {_link(uri, bq.src_uri, bq.q.title)}."
+            by_part.setdefault(bq.q.part, []).append(item)
+
+    for name, entry in removed.items():
+        pages = mentions.get(name, [])
+        parts = sorted({m.part for m in pages}, key=lambda p: (p is None, p or 0)) or [None]
+        replaced = entry.get("replaced_by")
+        for part in parts:
+            here = [m for m in pages if m.part == part]
+            where = ", ".join(_link(uri, m.src_uri, m.title) for m in here)
+            line = f'- {{{{ removed("{name}") }}}}: {entry.get("note", "").rstrip(".")}.'
+            if replaced:
+                line += f" Now: {replaced.rstrip('.')}."
+            line += f" Explained in {where}." if where else " Listed on the vLLM facts page."
+            by_part.setdefault(part, []).append(line)
+
+    total = sum(len(items) for items in by_part.values())
+    out = [
+        "---",
+        "render_macros: true",
+        'title: "Misconceptions index"',
+        "---",
+        "<!-- Generated by docs/.hooks/study.py from questions/ and labs/data/vllm.yaml. Do not edit. -->",
+        "# Misconceptions index",
+        f"{total} stale or wrong beliefs this site corrects, grouped by module. Two kinds: beliefs a "
+        "question's answer takes apart, and vLLM names that V0 or an older release had and vLLM "
+        "{{ vllm_version() }} does not. Interviewers probe the second kind to find out whether your "
+        "knowledge of the engine is current. Each entry links the page that corrects it.",
+    ]
+    modules: dict[int, Module] = {m.part: m for m in bank.modules}
+    for part in sorted(by_part, key=lambda p: (p is None, p or 0)):
+        out.append(f"## {modules[part].label}" if part is not None else "## Reference pages")
+        out.append("\n".join(by_part[part]))
+    return "\n\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# Flashcards
+# ---------------------------------------------------------------------------
+
+# What a card's back holds, by the id Material gives the rendered heading.
+CARD_SECTIONS = ("short-answer", "direct-answer")
+
+_TAG = re.compile(r"<[^>]+>")
+
+
+def section_html(page_html: str, heading_id: str) -> str | None:
+    """The HTML between the h2 with this id and the next h2, or None when the page has no such heading."""
+    match = re.search(rf'<h2 id="{re.escape(heading_id)}"[^>]*>.*?</h2>(.*?)(?=<h2[\s>]|\Z)', page_html, re.S)
+    return match.group(1).strip() if match else None
+
+
+def plain_text(fragment: str) -> str:
+    """Visible text of an HTML fragment, whitespace folded (for the test and for fields without HTML)."""
+    return " ".join(html.unescape(_TAG.sub(" ", fragment)).split())
+
+
+def _card_html(fragment: str) -> str:
+    """Keep the few tags Anki shows well (paragraphs, emphasis, code, links); drop the page's wrappers."""
+    fragment = re.sub(r"<(/?)(?:div|span|button)[^>]*>", "", fragment)
+    fragment = re.sub(r'\s(?:class|id|tabindex|data-[\w-]+|aria-[\w-]+|title)="[^"]*"', "", fragment)
+    return " ".join(fragment.split())
+
+
+def _field(text: str) -> str:
+    """One field of Anki's tab-separated import: quoted, with inner quotes doubled."""
+    return '"' + text.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class Card:
+    front: str
+    back: str
+    tags: str
+
+
+def card(bank: Bank, bq: BankQuestion, page_html: str, page_url: str) -> Card:
+    """A card for one question page: front = title, kind and module; back = short and direct answer."""
+    module = bank.module(bq.q.part)
+    front = (f"{html.escape(bq.q.title)}<br><small>{html.escape(bq.q.kind)} · "
+             f"{html.escape(module.label)}</small>")
+    parts = []
+    for heading_id in CARD_SECTIONS:
+        fragment = section_html(page_html, heading_id)
+        if fragment is None:
+            raise ValueError(f"{bq.path}: the rendered page has no '{heading_id}' section for the flashcard")
+        parts.append(_card_html(fragment))
+    parts.append(f'<p><a href="{html.escape(page_url, quote=True)}">The whole answer, with the deep dive and '
+                 "follow-ups</a></p>")
+    tags = f"part-{bq.q.part} {bq.q.kind}"
+    return Card(front, "<hr>".join(parts), tags)
+
+
+def deck_text(cards: list[Card]) -> str:
+    """The deck in Anki's text-import format (File → Import), headers first so Anki needs no questions asked."""
+    lines = [
+        "#separator:tab",
+        "#html:true",
+        "#notetype:Basic",
+        f"#deck:{DECK_NAME}",
+        "#columns:Front\tBack\tTags",
+        "#tags column:3",
+    ]
+    lines += ["\t".join((_field(c.front), _field(c.back), c.tags)) for c in cards]
+    return "\n".join(lines) + "\n"
+
+
+def read_deck(text: str) -> list[Card]:
+    """Parse a deck written by deck_text (the tests read the built file back with it)."""
+    cards = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        fields = re.findall(r'"((?:[^"]|"")*)"|([^\t]+)', line)
+        values = [quoted.replace('""', '"') if quoted or not bare else bare for quoted, bare in fields]
+        if len(values) != 3:
+            raise ValueError(f"a deck line has {len(values)} fields, not 3: {line[:80]}")
+        cards.append(Card(*values))
+    return cards
