@@ -229,7 +229,9 @@ def test_cache_write_stores_tokens_at_their_slots():
 
 def test_split_heuristic_fills_the_gpu_for_small_batches():
     # 132 SMs x 4 resident programs = 528 slots. B=1 with 8 KV heads is 8 programs unsplit.
-    assert choose_num_splits(1, 8, 4096, 132, tile_n=64, programs_per_sm=4) == 60  # 480 of 528 slots
+    # 64 tiles, at least MIN_SPLIT_TILES = 2 per split: 32 splits, 256 of 528 slots.
+    assert choose_num_splits(1, 8, 4096, 132, tile_n=64, programs_per_sm=4) == 32
+    assert choose_num_splits(1, 8, 32768, 132, tile_n=64, programs_per_sm=4) == 60  # 480 of 528 slots
     assert choose_num_splits(32, 8, 4096, 132, tile_n=64, programs_per_sm=4) == 2  # 512 programs
     assert choose_num_splits(16, 8, 32768, 132, tile_n=64, programs_per_sm=4) == 4
 
@@ -250,9 +252,10 @@ def test_split_heuristic_leaves_a_half_full_wave_unsplit():
     assert choose_num_splits(32, 8, 4096, 132, tile_n=64, programs_per_sm=4) == 2  # 256: under half
 
 
-def test_split_heuristic_never_splits_below_one_tile():
+def test_split_heuristic_never_splits_below_two_tiles():
     assert choose_num_splits(4, 8, 1, 132) == 1  # one token: one tile, one split
-    assert choose_num_splits(1, 1, 100, 132, tile_n=64) == 2  # 2 tiles at most
+    assert choose_num_splits(1, 1, 100, 132, tile_n=64) == 1  # 2 tiles: one split of both
+    assert choose_num_splits(1, 1, 300, 132, tile_n=64) == 2  # 5 tiles: 2 splits of 2-3
     assert choose_num_splits(1, 1, 10**6, 10**4) <= MAX_SPLITS
 
 
@@ -301,7 +304,7 @@ def test_reduction_gives_empty_splits_zero_weight_even_over_nan():
     part[1] = float("nan")  # an empty split's slot holding garbage
     part[3] = float("nan")
     out = torch.empty(1, heads, d, device=DEVICE)
-    split_reduce_kernel[(1, heads)](part, lse, out, seq_lens, 1, 4, 4, out.stride(0), out.stride(1),
+    split_reduce_kernel[(1, heads)](part, lse, out, seq_lens, 1, 4, 4, 64, out.stride(0), out.stride(1),
                                     HEAD_DIM=d, D_PAD=d, B_PAD=1, TILE_N=16, S_CHUNK=2, USE_GDC=False)
     w = torch.exp2(lse[[0, 2], 0] - 1.0)
     expected = (w[0] * part[0] + w[1] * part[2]) / w.sum()
@@ -358,6 +361,7 @@ def test_split_counts_follow_the_lengths():
     lens = [4000, 100, 100, 100, 1]
     counts = plan_splits(lens, (40, 40), 16)
     assert counts[0] == 38 and counts[1:] == [1, 1, 1, 1]
+    assert plan_splits(lens, (400, 400), 16)[0] == 64, "no sequence gets more than SPLIT_CAP"
     assert sum(counts) <= 40 + len(lens), "the grid holds target + batch splits"
     assert plan_splits([512] * 4, (12, 40), 16) == [3] * 4, "equal lengths use the uniform target"
     assert plan_splits([5, 3], (2, 2), 16) == [1, 1], "target <= batch: no split at all"
@@ -372,7 +376,7 @@ def test_ragged_plan_matches_reference_with_many_splits():
     """One long sequence among short ones: it gets most of the splits, the reduction loops."""
     lens = [300, 3, 20, 9, 40, 1, 2, 17]
     problem = make_problem(lens, 4, 2, CPU_HEAD_DIM, 16, torch.float16, DEVICE, seed=4)
-    assert max(plan_splits(lens, (8 * 6, 8 * 6), CPU_TILE_N)) == 19  # more than REDUCE_CHUNK
+    assert max(plan_splits(lens, (8 * 6, 8 * 6), CPU_TILE_N, split_cap=128)) == 19  # one sequence, 19 splits
     out = run_case(problem, num_splits=6, tile_n=CPU_TILE_N)
     assert_matches(out, reference(problem), torch.float16, f"lens={lens}")
 

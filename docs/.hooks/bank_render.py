@@ -24,7 +24,9 @@ GENERATED_BANNER = (
 
 # Section headings of a question page, in the order CONTENT.md fixes. Tests read this list.
 QUESTION_SECTIONS = [
+    "Short answer",
     "Direct answer",
+    "What the interviewer probes",
     "Deep dive",
     "Code",
     "Interviewer follow-ups",
@@ -61,6 +63,10 @@ def _lesson_item(bank: Bank, from_uri: str, lesson_id: str) -> str:
 
 def _question_item(from_uri: str, bq: BankQuestion) -> str:
     return f"[{bq.q.title}]({rel_link(from_uri, bq.src_uri)})"
+
+
+def _bullets(items: list[str]) -> str:
+    return "\n".join(f"- {item}" for item in items)
 
 
 def _sources(sources) -> str:
@@ -106,11 +112,24 @@ def lab_output(root: Path, command: str, output: str) -> str:
         raise LabOutputError(f"recorded output {path_part} does not exist (run the lab with --record)")
     if not key:
         return path.read_text(encoding="utf-8").rstrip()
-    value = json.loads(path.read_text(encoding="utf-8"))
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise LabOutputError(f"{path_part}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
+    # A row of a recorded-results file (labs/recorded.py) is named by its key: `rows.fragmentation`.
+    row_key = value.get("key") if isinstance(value, dict) and isinstance(value.get("key"), list) else None
+    rest = key
+    while rest:
+        # Names may hold dots (a machine "2x GPU (PCIe 5.0)"): take the longest that matches.
+        names: dict[str, object] = {}
+        if isinstance(value, dict):
+            names = value
+        elif isinstance(value, list) and row_key:
+            names = {"/".join(str(r.get(f)) for f in row_key): r for r in value if isinstance(r, dict)}
+        match = max((k for k in names if rest == k or rest.startswith(k + ".")), key=len, default=None)
+        if match is None:
             raise LabOutputError(f"{path_part} has no key '{key}'")
-        value = value[part]
+        value, rest = names[match], rest[len(match) + 1:]
     if not isinstance(value, str):
         raise LabOutputError(f"{output} is not a string of recorded output")
     return value.rstrip()
@@ -157,13 +176,15 @@ def question_page(bank: Bank, bq: BankQuestion) -> str:
         "---",
         GENERATED_BANNER.format(src=bq.path),
         f"# {q.title}",
-        f"{module.label} · tests {_lesson_item(bank, uri, q.lesson)} · "
+        f"{module.label} · {q.kind} question · tests {_lesson_item(bank, uri, q.lesson)} · "
         f"[how to answer]({rel_link(uri, 'how-to-answer.md')})\n{{: .bank-meta }}",
     ]
     parts.append(_practice_slot("bar", question=bq.id, module=f"part-{q.part}"))
     if q.topic:
         parts.append(f'!!! abstract "From the bank\'s topic list"\n    {q.topic}')
-    parts += ["## Direct answer", _answer(q.answer, "the direct answer"),
+    parts += ["## Short answer", _answer(q.short_answer, "the short answer"),
+              "## Direct answer", _answer(q.answer, "the direct answer"),
+              "## What the interviewer probes", _bullets(q.probes),
               "## Deep dive", _answer(q.deep_dive, "the deep dive")]
     if q.code:
         parts += ["## Code", _answer(_code_section(bank.root, q), "the code")]
@@ -177,7 +198,10 @@ def question_page(bank: Bank, bq: BankQuestion) -> str:
         linked.append("\nRelated questions (they share a lesson with this one):\n")
         linked += [f"- {_question_item(uri, other)}" for other in related]
     parts += ["## Linked concept", "\n".join(linked)]
-    parts += ["## Common weak answer", _answer(q.weak_answer, "the weak answer"),
+    weak = q.weak_answer
+    if q.misconceptions:
+        weak += "\n\nBeliefs this question corrects:\n\n" + _bullets(q.misconceptions)
+    parts += ["## Common weak answer", _answer(weak, "the weak answer"),
               "## How to validate", _answer(q.validate_, "how to validate"),
               _practice_slot("marks", question=bq.id)]
     parts += ["## Sources", _sources(q.sources)]
@@ -210,8 +234,8 @@ def bank_index(bank: Bank) -> str:
     n = len(bank.questions)
     out = _page_head("Question bank")
     out.append(
-        f"{n} questions, one page each. Every page gives a direct answer you can say in 30 seconds, "
-        "a deep dive with a worked example, the follow-ups an interviewer asks next, the weak answer "
+        f"{n} questions, one page each. Every page gives a one-sentence short answer, a direct answer "
+        "you can say in 30 seconds, what the interviewer is testing, a deep dive with a worked example, the follow-ups an interviewer asks next, the weak answer "
         "to avoid and how to prove the answer on a real system. Each question links the lesson it "
         f"tests. New here? Read [how to answer]({rel_link(uri, 'how-to-answer.md')}) first."
     )

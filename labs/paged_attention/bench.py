@@ -35,13 +35,12 @@ The decode is bound by memory: per (sequence, KV head) it reads L * d * 2 (K and
 elements and does about 4 * L * d FLOPs per query head, so ~G FLOP per byte for a group
 of G query heads. The floor is KV bytes / copy bandwidth, both measured in this run.
 
-JSON written by --out (DIR/paged_attention.json) and --record
-(labs/results/paged_attention.json); the site renders it:
+JSON written by --out (DIR/paged_attention.json, this run only):
 
     {
       "schema": 1,
       "lab": "paged_attention",
-      "gpus": {                                  # one entry per GPU name; --record replaces only this GPU's
+      "gpus": {
         "<GPU name>": {
           "gpu": str, "compute_capability": "9.0", "sm_count": int, "driver": str,
           "torch": str, "cuda": str, "triton": str, "date": "YYYY-MM-DD",
@@ -56,7 +55,8 @@ JSON written by --out (DIR/paged_attention.json) and --record
             "shape": str,                        # name in SHAPES
             "batch": int, "context_len": int, "q_heads": int, "kv_heads": int, "head_dim": int,
             "block_size": int, "dtype": "bfloat16",
-            "num_splits": int, "tile_n": int, "num_warps": int, "num_stages": int,
+            "num_splits": int, "tiles": int,     # splits per sequence; tiles of tile_n tokens per sequence
+            "tile_n": int, "num_warps": int, "num_stages": int,
             "kv_bytes": int,                     # K + V bytes the kernel must read
             "floor_us": float,                   # kv_bytes / copy bandwidth
             "time_us": float,                    # median, kernel + reduction
@@ -90,6 +90,15 @@ JSON written by --out (DIR/paged_attention.json) and --record
         }
       }
     }
+
+--record merges the rows into labs/results/paged_attention.json through
+labs/recorded.py (the format its docstring gives): one machine per GPU, one row
+per case (key "shape"; names are unique across the four tables), each row with
+its "table" ("shapes", "groups", "ragged" or "fp8"), `"ok": true` (a run whose
+check fails records nothing) and the GPU entry above, less its rows and tables,
+as its "run"; the machine's `derived.table` is every table as printed. A run of
+some cases replaces those rows and keeps the others. Only the kernel's default
+configuration is recorded, so a row always means the same kernel.
 """
 
 from __future__ import annotations
@@ -100,6 +109,7 @@ import datetime
 import json
 import math
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -201,8 +211,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--out", type=Path, help="folder to write paged_attention.json (and sweep.json) into")
     p.add_argument("--record", action="store_true",
-                   help=f"also write this GPU's entry into {RESULTS_PATH.relative_to(RESULTS_PATH.parents[2])}, "
-                   "replacing only that GPU's entry; needs every table (no --only, --shape or knobs)")
+                   help=f"also merge this run's rows into {RESULTS_PATH.relative_to(RESULTS_PATH.parents[2])}: "
+                   "the cases timed replace their rows for this GPU, every other row stays")
     p.add_argument("--only", action="append", choices=TABLES, metavar="TABLE",
                    help=f"run only this table (repeatable); one of {', '.join(TABLES)}")
     p.add_argument("--shape", action="append", choices=sorted(ALL_CASES), metavar="NAME",
@@ -224,11 +234,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.tile_n is not None and (args.tile_n < 16 or args.tile_n & (args.tile_n - 1)):
         p.error(f"--tile-n must be a power of 2 and >= 16 (tl.dot's minimum), got {args.tile_n}")
-    if args.record and (args.sweep or args.only or args.shape or args.no_pdl or any(
-            getattr(args, k) is not None for k in ("tile_n", "num_warps", "num_stages", "programs_per_sm",
-                                                   "num_splits", "ragged_waves"))):
-        p.error("--record writes the default configuration's full tables; run it without "
-                "--sweep, --only, --shape, --no-pdl or tuning knobs")
+    if args.record and args.sweep:
+        p.error("--record writes the default configuration's rows; run it without --sweep")
+    if args.record:
+        variant = [f"--{n.replace('_', '-')}" for n in ("tile_n", "num_warps", "num_stages", "programs_per_sm",
+                                                         "num_splits", "ragged_waves", "no_pdl")
+                   if getattr(args, n) not in (None, False)]
+        if variant:
+            p.error(f"--record stores the kernel's default configuration; drop {', '.join(variant)} "
+                    "(use --out to keep a variant's rows)")
     for name in ("tile_n", "num_warps", "num_stages", "programs_per_sm", "num_splits", "rep_ms"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -441,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             targets = kernel.split_targets(p.q.shape[0], p.k_cache.shape[2], env["sm_count"], p.max_seq_len,
                                            c["tile_n"], knobs["programs_per_sm"], knobs["ragged_waves"])
-        return kernel.plan_splits(p.lens, targets, c["tile_n"])
+        return kernel.plan_splits(p.lens, targets, c["tile_n"], kernel.MAX_SPLITS if args.num_splits else kernel.SPLIT_CAP)
 
     cases = build_cases(torch, names, tables)
     if args.profile:
@@ -543,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
                         continue  # this backend does not take the call (e.g. GQA or head size)
                     by_backend[label] = round(time_us(forced), 2)
             row = {
-                "shape": case.name, **asdict(s), "dtype": "bfloat16", "num_splits": max(splits), **common,
+                "shape": case.name, **asdict(s), "dtype": "bfloat16", "num_splits": max(splits),
+                "tiles": -(-s.context_len // c["tile_n"]), **common,
                 "sdpa_time_us": round(t_sdpa, 2), "ratio_to_sdpa": round(t1 / t_sdpa, 3),
                 "sdpa_us_by_backend": by_backend,
                 "rel_err": float(f"{case.errors['rel_err']:.3g}"),
@@ -598,14 +613,15 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out / "paged_attention.json", {env["gpu"]: entry})
         print(f"wrote {args.out / 'paged_attention.json'}")
     if args.record:
-        gpus = {}
-        if RESULTS_PATH.exists():
-            gpus = json.loads(RESULTS_PATH.read_text())["gpus"]
-        gpus[env["gpu"]] = entry
-        write_json(RESULTS_PATH, gpus)
-        print(f"recorded {env['gpu']} in {RESULTS_PATH}")
+        from labs.recorded import RecordedError
+
+        try:
+            print(record(entry))
+        except RecordedError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         if args.out:  # the device machine sends back only --out: keep a copy of the whole file there
-            write_json(args.out / "recorded_paged_attention.json", gpus)
+            shutil.copyfile(RESULTS_PATH, args.out / "recorded_paged_attention.json")
     return 0
 
 
@@ -657,7 +673,28 @@ def format_all(entry: dict) -> str:
     return "\n\n".join(parts)
 
 
+# Where each table's rows sit in a run's entry.
+ENTRY_TABLES = {"shapes": "rows", "groups": "group_rows", "ragged": "ragged_rows", "fp8": "fp8_rows"}
+
+
+def table_rows(rows: list[dict], table: str) -> list[dict]:
+    """The recorded rows of one table; rows recorded before the tables existed are shapes."""
+    return [r for r in rows if r.get("table", "shapes") == table]
+
+
+def record(entry: dict, path: Path | None = None):
+    """Merge one run's entry (as --out writes it) into the recorded file; returns what was kept and replaced."""
+    from labs import recorded
+
+    run = {k: v for k, v in entry.items() if k not in ("gpu", "table", *ENTRY_TABLES.values())}
+    rows = [{**r, "table": table, "ok": True} for table, key in ENTRY_TABLES.items() for r in entry.get(key, [])]
+    return recorded.record_rows(
+        path or RESULTS_PATH, "paged_attention", recorded.Machine(entry["gpu"]), rows, ["shape"], run,
+        derive=lambda merged: {"table": format_all({key: table_rows(merged, t) for t, key in ENTRY_TABLES.items()})})
+
+
 def write_json(path: Path, gpus: dict) -> None:
+    """This run's document for --out (the recorded file goes through labs/recorded.py)."""
     doc = {"schema": SCHEMA_VERSION, "lab": "paged_attention", "gpus": dict(sorted(gpus.items()))}
     path.write_text(json.dumps(doc, indent=2) + "\n")
 

@@ -70,7 +70,8 @@ except ImportError:  # pragma: no cover - older Triton: the flag below stays off
 
 # --8<-- [start:plan]
 @triton.jit
-def _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, B_PAD: tl.constexpr, TILE_N: tl.constexpr):
+def _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B_PAD: tl.constexpr,
+                TILE_N: tl.constexpr):
     """Every sequence's split count and where its splits end in the work list.
 
     Both kernels call this with the same arguments, so they agree on the plan without
@@ -85,10 +86,10 @@ def _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, B_PAD: tl.co
     uniform = tl.max(lens, axis=0) == tl.min(tl.where(in_batch, lens, 2147483647), axis=0)
     target = tl.where(uniform, target_uniform, target_ragged).to(tl.int64)
     tiles = tl.cdiv(lens, TILE_N)
-    # Proportional to length; never more splits than tiles, never fewer than one (a
-    # length-0 sequence gets one empty split that writes zeros).
+    # Proportional to length; never more splits than tiles or split_cap, never fewer than
+    # one (a length-0 sequence gets one empty split that writes zeros).
     n = tl.cdiv(lens.to(tl.int64) * target, total)
-    n = tl.maximum(tl.minimum(n, tiles.to(tl.int64)), 1).to(tl.int32)
+    n = tl.maximum(tl.minimum(tl.minimum(n, tiles.to(tl.int64)), split_cap), 1).to(tl.int32)
     n = tl.where(in_batch, n, 0)
     ends = tl.cumsum(n, axis=0)  # split `ends[b] - n[b]` is sequence b's first
     return offs_b, lens, tiles, n, ends
@@ -114,6 +115,7 @@ def paged_decode_kernel(
     group_size,  # query heads per KV head
     target_uniform,  # splits wanted in all, when all lengths are equal
     target_ragged,  # ... and otherwise
+    split_cap,  # most splits any one sequence gets
     qk_scale,  # softmax scale * log2(e), so exp2 gives the softmax's exp
     # Strides: elements between neighbours along that axis (the last axis is contiguous)
     stride_qb,
@@ -145,7 +147,7 @@ def paged_decode_kernel(
         gdc_launch_dependents()
 
     if SPLIT:
-        offs_b, lens, tiles, n, ends = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, B_PAD, TILE_N)
+        offs_b, lens, tiles, n, ends = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B_PAD, TILE_N)
         seq = tl.sum((ends <= item).to(tl.int32), axis=0)  # the sequence whose splits hold `item`
         if seq >= batch:
             return  # the grid is sized for the worst case; this item has no work
@@ -259,6 +261,7 @@ def split_reduce_kernel(
     batch,
     target_uniform,
     target_ragged,
+    split_cap,
     # Strides of out (the last axis is contiguous)
     stride_ob,
     stride_oh,
@@ -279,7 +282,7 @@ def split_reduce_kernel(
     seq = tl.program_id(0)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
-    offs_b, lens, tiles, n, ends = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, B_PAD, TILE_N)
+    offs_b, lens, tiles, n, ends = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B_PAD, TILE_N)
     pick = offs_b == seq
     n_seq = tl.sum(tl.where(pick, n, 0), axis=0)
     if n_seq == 1:
@@ -353,15 +356,24 @@ MIN_WAVE_FILL = 0.9
 RAGGED_WAVES = 4
 # Upper bound on the forced split count per sequence (num_splits=...).
 MAX_SPLITS = 128
+# Most splits the plan gives one sequence unless forced: a 128K-token sequence among short
+# ones would get 212 at RAGGED_WAVES = 4, and its reduction then reads them in 7 serial
+# steps after everything else has finished; 64 splits of 2,048 tokens still fill the
+# GPU with the short sequences beside them (NOTES.md, v3).
+SPLIT_CAP = 64
 # The split plan holds one lane per sequence in every program.
 MAX_BATCH = 4096
-# Splits the reduction combines per loop step: 60 splits of a B = 1 batch take two steps.
-REDUCE_CHUNK = 32
+# Splits the reduction combines per loop step: SPLIT_CAP, so an unforced plan takes one
+# step. At 32, the 60 splits of a B = 1 batch took two dependent steps (NOTES.md, v3).
+REDUCE_CHUNK = 64
 # Registers per thread for the decode kernel: 128 x 128 threads x 4 programs = the SM's
 # 65,536, so RESIDENT_PROGRAMS holds. Left to itself, Triton 3.6 gave the split variant
 # 124-155 registers (3 programs per SM) and the fp8 one 199 (2 per SM); at 128 the
 # compiler's report shows no spills for the default tiles (NOTES.md, v3).
 MAX_REGISTERS = 128
+# Fewest tiles per split for equal lengths: at B = 1, L = 4,096 (64 tiles), 32 splits of 2
+# tiles took 18.6 us and 60-64 splits of 1-2 tiles 21.0-22.4 (NOTES.md, v3).
+MIN_SPLIT_TILES = 2
 # Don't split when the unsplit programs already fill this much of one wave: at (96, 1024,
 # 28 heads, 4 KV heads), 384 programs (0.73 of a wave) took 63.2 us unsplit and 82.2 us
 # split 4 ways to fill the wave, whose 4-tile splits cost more than the idle slots.
@@ -400,7 +412,7 @@ def choose_num_splits(
     slots = programs_per_sm * num_sms
     if pairs >= NO_SPLIT_FILL * slots:
         return 1
-    at_most = max(1, min(-(-max_seq_len // tile_n), MAX_SPLITS))
+    at_most = max(1, min(-(-max_seq_len // tile_n) // MIN_SPLIT_TILES, MAX_SPLITS))
     best = 1
     for splits in range(1, at_most + 1):
         fill = wave_fill(pairs * splits, slots)
@@ -434,7 +446,7 @@ def split_targets(
     return uniform, ragged
 
 
-def plan_splits(lens: list[int], targets: tuple[int, int], tile_n: int) -> list[int]:
+def plan_splits(lens: list[int], targets: tuple[int, int], tile_n: int, split_cap: int = SPLIT_CAP) -> list[int]:
     """The split count per sequence that `_split_plan` computes on the GPU, in plain Python.
 
     For reports and tests; the kernels never call it.
@@ -443,7 +455,7 @@ def plan_splits(lens: list[int], targets: tuple[int, int], tile_n: int) -> list[
     target = targets[0] if total == max(lens) * len(lens) else targets[1]
     if max(targets) <= len(lens):
         return [1] * len(lens)
-    return [max(min(-(-n * target // total), -(-n // tile_n)), 1) for n in lens]
+    return [max(min(-(-n * target // total), -(-n // tile_n), split_cap), 1) for n in lens]
 # --8<-- [end:heuristics]
 
 
@@ -582,6 +594,7 @@ def paged_decode(
         targets = (batch, batch)  # one split per sequence: the plan is skipped
     else:
         targets = (batch * num_splits, batch * num_splits)
+    split_cap = SPLIT_CAP if num_splits is None else MAX_SPLITS
     split = max(targets) > batch
     if device.type == "cpu":
         from labs.paged_attention.interpreter_compat import patch_interpreter_index
@@ -611,7 +624,7 @@ def paged_decode(
     compile_options = {} if device.type == "cpu" else {"maxnreg": MAX_REGISTERS}
     paged_decode_kernel[(num_kv_heads, items)](
         q, k_cache, v_cache, block_tables, seq_lens, *scales, out, part_out, part_lse,
-        batch, group_size, targets[0], targets[1], scale * math.log2(math.e),
+        batch, group_size, targets[0], targets[1], split_cap, scale * math.log2(math.e),
         q.stride(0), q.stride(1),
         k_cache.stride(0),  # assumes (num_blocks, BLOCK_SIZE, H_KV, D)
         k_cache.stride(1),
@@ -635,7 +648,8 @@ def paged_decode(
         **compile_options,
     )
     if split:
-        args = (part_out, part_lse, out, seq_lens, batch, targets[0], targets[1], out.stride(0), out.stride(1))
+        args = (part_out, part_lse, out, seq_lens, batch, targets[0], targets[1], split_cap,
+                out.stride(0), out.stride(1))
         kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n, S_CHUNK=REDUCE_CHUNK,
                       num_warps=4, num_stages=2)
         if use_gdc:
