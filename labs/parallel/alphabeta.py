@@ -177,3 +177,9 @@ def fit(op: str, n: int, sizes: list[float], seconds: list[float]) -> Fit:
     result = Fit(op, n, alpha, 1.0 / slope, len(sizes), 0.0)
     err = max(abs(result.predict(s) - t) / t for s, t in zip(sizes, seconds))
     return Fit(op, n, alpha, 1.0 / slope, len(sizes), err)
+
+
+def anchors(path: str = str(LINKS_FILE)) -> dict:
+    """The measured 2 x H200 figures the model's constants come from (interconnects.yaml `anchors`)."""
+    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    return dict(raw.get("anchors") or {})

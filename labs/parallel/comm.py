@@ -127,3 +127,49 @@ def tp_step_comm_time(model: specs.ModelSpec, tokens: int, tp: int, link: alphab
     layers = model.n_layers if layers is None else layers
     return ALL_REDUCES_PER_LAYER * layers * alphabeta.collective_time(
         "all_reduce", tp_message_bytes(model, tokens), tp, link, graph)
+
+
+@dataclass(frozen=True)
+class TPStep:
+    """One forward step at TP = tp: the cost model's per-rank floor plus the alpha-beta all-reduces."""
+
+    model: str
+    gpu: str
+    tp: int
+    tokens: int
+    kind: str                # "decode" (tokens sequences, one token each) or "prefill" (one sequence)
+    floor_s: float           # labs.roofline, one rank, datasheet bandwidth
+    comm_s: float
+    floor_tp1_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.floor_s + self.comm_s
+
+    @property
+    def speedup(self) -> float:
+        return self.floor_tp1_s / self.step_s
+
+    @property
+    def comm_share(self) -> float:
+        return self.comm_s / self.step_s
+
+
+def derived_tp_step(model: str, gpu: str, tp: int, tokens: int, kind: str = "decode", context: int = 1024,
+                    link: str = "nvlink-h200", graph: bool = True) -> TPStep:
+    """The TP speedup the cost model and the alpha-beta model predict, before any multi-GPU run.
+
+    Communication is added to the floor, not overlapped: vLLM runs the
+    all-reduce on the compute stream between the row-parallel matmul and the
+    next norm, so nothing hides it.
+    """
+    from labs import roofline
+
+    def floor(t: int) -> float:
+        d = roofline.deployment(model, gpu, tp=t)
+        step = d.decode(tokens, context) if kind == "decode" else d.prefill(tokens)
+        return step.floor_s
+
+    m = specs.get_model(model)
+    c = tp_step_comm_time(m, tokens, tp, alphabeta.get_link(link), graph)
+    return TPStep(model, gpu, tp, tokens, kind, floor(tp), c, floor(1))

@@ -67,8 +67,11 @@ def run(fn: Callable, world: int, backend: str = "gloo", args: Any = None, timeo
         raise LaunchError(f"world size must be at least 1, got {world}")
     with tempfile.TemporaryDirectory(prefix="labs-parallel-") as tmp:
         init_method = f"file://{os.path.join(tmp, 'rendezvous')}"
+        # CPU ranks fork (no second torch import: seconds per rank on a small CI machine; the
+        # child runs single-threaded, so no OpenMP pool crosses the fork). CUDA cannot be forked.
+        method = "fork" if backend == "gloo" and "fork" in mp.get_all_start_methods() else "spawn"
         ctx = mp.start_processes(_entry, args=(fn, world, backend, init_method, args, tmp), nprocs=world,
-                                 join=False, start_method="spawn")
+                                 join=False, start_method=method)
         deadline = time.monotonic() + timeout_s
         try:
             while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):

@@ -95,6 +95,16 @@ def owner(expert: torch.Tensor, n_experts: int, ep: int) -> torch.Tensor:
     return expert // (n_experts // ep)
 
 
+def dispatch_rows(ids: torch.Tensor, src: int, n_experts: int, ep: int, dedup: bool = False) -> torch.Tensor:
+    """Hidden-state rows rank `src` sends to each rank for its tokens' expert ids [T, k] (0 to itself)."""
+    dst = owner(ids, n_experts, ep)
+    hit = torch.stack([(dst == r).any(-1) for r in range(ep)], dim=1)        # [T, ep]: token needs rank r
+    rows = hit.sum(0) if dedup else torch.bincount(dst.reshape(-1), minlength=ep)
+    rows = rows.clone()
+    rows[src] = 0
+    return rows
+
+
 def moe_expert_parallel(xs: list[torch.Tensor], w, k: int, ep: int, scoring: str = "softmax",
                         dedup: bool = False) -> tuple[list[torch.Tensor], torch.Tensor]:
     """EP over `ep` simulated ranks, each with its own tokens xs[r].
@@ -111,11 +121,9 @@ def moe_expert_parallel(xs: list[torch.Tensor], w, k: int, ep: int, scoring: str
     for src, x in enumerate(xs):
         weights, ids = route(x @ w["router"].T, k, scoring)
         dst = owner(ids, n_experts, ep)
+        sent[src] = dispatch_rows(ids, src, n_experts, ep, dedup)
         for r in range(ep):
             mask = dst == r
-            rows = mask.any(-1).nonzero().flatten() if dedup else mask.nonzero()[:, 0]
-            if r != src:
-                sent[src, r] += rows.numel()
             # on rank r: each received token through the local experts it picked
             for t in mask.any(-1).nonzero().flatten().tolist():
                 for j in mask[t].nonzero().flatten().tolist():
