@@ -34,7 +34,7 @@ import math
 import sys
 from dataclasses import asdict, dataclass
 
-from labs import cli, specs, vllm_facts
+from labs import cli, roofline, specs, vllm_facts
 from labs.kv_sizing import formula
 from labs.kv_sizing.memory_budget import (CUDAGRAPH_ESTIMATE, GIB, NON_TORCH_ESTIMATE, NON_TORCH_TP_EXTRA,
                                           estimate_activation_peak, vllm_batch_defaults)
@@ -78,13 +78,10 @@ class Layout:
 
 
 def split_weights(model: specs.ModelSpec) -> tuple[int, int]:
-    """(expert bytes, everything-else bytes) at the dtype vLLM loads."""
-    if model.moe is None:
-        return 0, model.weight_bytes
-    m = model.moe
-    expert = (model.n_layers - m.first_dense_layers) * m.n_routed_experts * 3 * model.hidden_size * m.moe_intermediate_size
-    expert_bytes = expert * model.weight_bytes_per_param
-    return expert_bytes, model.weight_bytes - expert_bytes
+    """(routed-expert bytes, everything-else bytes) at the dtype vLLM loads, from the cost model's split."""
+    dep = roofline.deployment(model, "h200")
+    expert_bytes = dep.params.routed_experts * dep.bytes_per_weight
+    return expert_bytes, roofline.weight_bytes(dep) - expert_bytes
 
 
 def head_check(model: specs.ModelSpec, tp: int) -> str:
