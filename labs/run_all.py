@@ -68,6 +68,9 @@ STEPS: tuple[Step, ...] = (
     Step("oom-scenarios", "labs.oom",
          ("--scenario", "all", "--out", "{out}"),
          what="reproduces and diagnoses the out-of-memory scenarios"),
+    Step("parallel-gemm-shards", "labs.parallel.gemm_shards",
+         ("--out", "{out}"),
+         what="per-rank GEMMs at TP = 1, 2, 4, 8 shard shapes and the TP speedup they predict"),
 )
 # --8<-- [end:steps]
 STEP_NAMES = tuple(step.name for step in STEPS)

@@ -188,6 +188,10 @@ def _parser() -> cli.Parser:
                    help="Zipf exponents of the expert popularity, 0 = uniform (default: 0 0.5 1)")
     p.add_argument("--link", type=cli.choice(alphabeta.links(), "link"), default="nvlink-h200",
                    help="interconnect that prices the collectives (default: %(default)s)")
+    p.add_argument("--out", type=cli.output_dir, default=None, help="folder to write moe.json to")
+    p.add_argument("--record", action="store_true",
+                   help="merge the skew rows into labs/results/parallel_moe_skew.json (a seeded simulation, "
+                        "identical on any machine)")
     return p
 
 
@@ -206,17 +210,29 @@ def main(argv: list[str] | None = None) -> int:
           f"and per rank (derived by sampling):")
     print(f"{'model':>14} {'skew':>5} {'max/mean expert':>16} {'idle experts':>13} {'rank, linear':>13} "
           f"{'rank, round-robin':>18}")
-    for name in args.models:
-        for r in skew_table(specs.get_model(name), args.tokens, ep, args.skew):
-            print(f"{name:>14} {r['skew']:>5.2f} {r['max_over_mean_expert']:>16.2f} {r['idle_experts']:>13} "
-                  f"{r['max_over_mean_rank']:>13.2f} {r['max_over_mean_rank_round_robin']:>18.2f}")
+    skew_rows = [r for name in args.models for r in skew_table(specs.get_model(name), args.tokens, ep, args.skew)]
+    for r in skew_rows:
+        print(f"{r['model']:>14} {r['skew']:>5.2f} {r['max_over_mean_expert']:>16.2f} {r['idle_experts']:>13} "
+              f"{r['max_over_mean_rank']:>13.2f} {r['max_over_mean_rank_round_robin']:>18.2f}")
     print(f"\nOne MoE layer, {args.tokens} tokens over {ep} GPUs: TP all-reduce vs EP all-to-all "
           f"(bf16, uniform routing; alpha-beta on {link.name}, derived):")
     print(f"{'model':>14} {'k':>3} {'TP MiB/rank':>12} {'EP MiB/rank':>12} {'EP dedup':>9} {'EP/TP':>6} "
           f"{'TP us':>7} {'EP us':>7}")
-    for r in comm_table(args.models, args.tokens, ep, link):
+    comm_rows = comm_table(args.models, args.tokens, ep, link)
+    for r in comm_rows:
         print(f"{r['model']:>14} {r['k']:>3} {r['tp_mib_per_rank']:>12.2f} {r['ep_mib_per_rank']:>12.2f} "
               f"{r['ep_dedup_mib_per_rank']:>9.2f} {r['ratio']:>6.3f} {r['tp_us']:>7.1f} {r['ep_us']:>7.1f}")
+    if args.out is not None:
+        import json
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "moe.json").write_text(json.dumps({"skew": skew_rows, "comm": comm_rows}, indent=1))
+    if args.record:
+        from labs.parallel import results
+
+        keyed = [{**r, "key": f"{r['model']}/ep{r['ep']}/t{r['tokens']}/s{r['skew']:g}"} for r in skew_rows]
+        print(results.record("parallel_moe_skew.json", {"gpu": "cpu", "gpu_count": 0, "interconnect": None},
+                             keyed, extra={"torch": torch.__version__}))
     return 0
 
 

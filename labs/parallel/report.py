@@ -104,6 +104,58 @@ def parallel_tp_step(model: str, gpu: str, tp: int, tokens: int, kind: str = "de
     return comm.derived_tp_step(model, gpu, tp, tokens, kind, link=link, graph=graph)
 
 
+def parallel_allreduces_per_step(model: str) -> int:
+    """TP all-reduces in one forward pass: one per attention block and one per MLP/MoE block."""
+    return comm.ALL_REDUCES_PER_LAYER * _model(model).n_layers
+
+
+def parallel_tp_message(model: str, tokens: int) -> int:
+    """Bytes one TP all-reduce reduces for `tokens` tokens (hidden x bf16 each)."""
+    return comm.tp_message_bytes(_model(model), tokens)
+
+
+def parallel_expert_slice(model: str, tp: int) -> int:
+    """Columns of each expert's intermediate size that one rank holds when experts are TP-sliced."""
+    m = _model(model)
+    if m.moe is None or m.moe.moe_intermediate_size % tp:
+        raise ReportError(f"parallel_expert_slice({model!r}, {tp}): not an MoE model or TP does not divide it")
+    return m.moe.moe_intermediate_size // tp
+
+
+def parallel_tokens_per_expert(model: str, tokens: int) -> float:
+    """Average tokens each routed expert sees in a step of `tokens` tokens: tokens x k / E."""
+    m = _model(model)
+    return tokens * m.moe.experts_per_token / m.moe.n_routed_experts
+
+
+def parallel_experts_per_rank(model: str, ep: int) -> int:
+    m = _model(model)
+    return m.moe.n_routed_experts // ep
+
+
+def parallel_pp_bubble(stages: int, batches: int) -> float:
+    """Idle share of a pipeline that drains after `batches` equal batches: (p - 1) / (m + p - 1)."""
+    return (stages - 1) / (batches + stages - 1)
+
+
+def parallel_layout(model: str, gpu: str = "h200", tp: int = 1, pp: int = 1, dp: int = 1, ep: bool = False,
+                    gpus_per_node: int = 8, max_model_len: int = 8192, batch: int = 64, backend: str = "agrs"):
+    """One planner layout (labs.parallel.plan), for `.weights_gib`, `.requests`, `.comm_us_per_step`."""
+    from labs import vllm_facts
+    from labs.parallel import plan
+
+    g = specs.get_gpu(gpu)
+    nodes = max(1, (tp * pp * dp) // gpus_per_node)
+    cluster = plan.Cluster(g.memory_bytes_budget, min(gpus_per_node, tp * pp * dp), nodes,
+                           _link("nvlink-h200"), _link("ib-ndr400"), g)
+    rows, _ = plan.layouts(_model(model), cluster, max_model_len, batch,
+                           vllm_facts.resolved_default("gpu_memory_utilization"), backend)
+    for r in rows:
+        if (r.tp, r.pp, r.dp, r.ep) == (tp, pp, dp, ep):
+            return r
+    raise ReportError(f"parallel_layout: TP={tp} PP={pp} DP={dp} EP={ep} is not a layout of {model}")
+
+
 # ---------------------------------------------------------------------------
 # Tables
 # ---------------------------------------------------------------------------
@@ -253,7 +305,49 @@ def parallel_collectives_measured(gpu: str = "H200", gpu_count: int = 2) -> str:
     return "\n".join(lines + ["", _machine_line(entry)])
 
 
-MACROS = [parallel_bus_factor, parallel_link, parallel_anchor, parallel_collective_us, parallel_tp_bytes_per_token,
+def parallel_tp_check_table(backend: str = "gloo") -> str:
+    """The recorded TP check: split layer vs whole layer per case and block, with its bound."""
+    doc = results.load("parallel_tp_check.json")
+    entry = next((m for m in (doc or {}).get("machines", []) if backend != "gloo" or m["gpu"] == "cpu"), None)
+    if entry is None:
+        return recorded.missing(recorded.RESULTS_DIR / "parallel_tp_check.json",
+                                "python -m labs.parallel.tp --world-size 2 --record")
+    lines = ["| Ranks | Layer (hidden, intermediate, H_q / H_kv) | Tokens | Block | max abs difference | Bound "
+             "| All-reduces |", "|---:|---|---:|---|---:|---:|---:|"]
+    for key, r in sorted(entry["rows"].items()):
+        if r["backend"] != backend:
+            continue
+        sh = r["shape"]
+        for b in ("attention", "mlp", "layer"):
+            c = r[b]
+            lines.append(f"| {r['world_size']} | {sh['hidden']}, {sh['intermediate']}, {sh['n_heads']} / "
+                         f"{sh['n_kv_heads']} | {r['tokens']} | {b} | {c['max_abs_diff']:.1e} | {c['bound']:.1e} "
+                         f"| {c['all_reduces']} |")
+    v = entry.get("versions", {})
+    where = "CPU processes over gloo, float32" if backend == "gloo" else _machine_line(entry)
+    return "\n".join(lines + ["", f"Recorded by `python -m labs.parallel.tp --record` ({where}; torch "
+                                   f"{v.get('torch', '?')}, {entry['date']})."])
+
+
+def parallel_moe_skew_table(ep: int = 8, tokens: int = 4096) -> str:
+    """The recorded skew simulation: how uneven expert and rank loads get as routing concentrates."""
+    doc = results.load("parallel_moe_skew.json")
+    entry = (doc or {}).get("machines", [None])[0]
+    if entry is None:
+        return recorded.missing(recorded.RESULTS_DIR / "parallel_moe_skew.json", "python -m labs.parallel.moe --record")
+    lines = ["| Model | Zipf skew s | busiest expert / mean | busiest GPU / mean, contiguous placement "
+             "| busiest GPU / mean, round-robin |", "|---|---:|---:|---:|---:|"]
+    for key, r in entry["rows"].items():
+        if r["ep"] == ep and r["tokens"] == tokens:
+            lines.append(f"| {_model(r['model']).display_name} | {r['skew']:g} | {r['max_over_mean_expert']:.2f} "
+                         f"| {r['max_over_mean_rank']:.2f} | {r['max_over_mean_rank_round_robin']:.2f} |")
+    return "\n".join(lines + ["", f"Derived by seeded sampling (`python -m labs.parallel.moe --record`, {entry['date']}): "
+                                   f"{tokens:,} tokens, EP = {ep}, expert e picked with weight (e + 1)^−s."])
+
+
+MACROS = [parallel_allreduces_per_step, parallel_tp_message, parallel_expert_slice, parallel_tokens_per_expert,
+          parallel_experts_per_rank, parallel_pp_bubble, parallel_layout, parallel_tp_check_table,
+          parallel_moe_skew_table, parallel_bus_factor, parallel_link, parallel_anchor, parallel_collective_us, parallel_tp_bytes_per_token,
           parallel_pp_bytes_per_token, parallel_moe, parallel_tp_step, parallel_bus_factor_table, parallel_links_table,
           parallel_collective_table, parallel_tp_speedup_table, parallel_moe_table, parallel_plan_cli,
           parallel_gemm_table, parallel_collectives_measured]

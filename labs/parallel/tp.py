@@ -147,6 +147,8 @@ def _parser() -> cli.Parser:
     p.add_argument("--timeout", type=cli.finite_float(5, 600, unit="seconds"), default=120.0,
                    help="kill the ranks and fail after this long (default: %(default)s)")
     p.add_argument("--out", type=cli.output_dir, default=None, help="folder to write tp_check.json to")
+    p.add_argument("--record", action="store_true",
+                   help="merge the rows into labs/results/parallel_tp_check.json, keyed by machine (GPUs, count, link)")
     return p
 
 
@@ -177,6 +179,15 @@ def main(argv: list[str] | None = None) -> int:
             {"world_size": args.world_size, "backend": args.backend, "rows": rows}, indent=1))
     ok = all_ok(rows)
     print("all cases pass" if ok else "FAILED: a case exceeds its bound or made the wrong number of all-reduces")
+    if args.record:
+        from labs.parallel import machine, results
+
+        where = machine.describe(args.world_size) if args.backend == "nccl" else {
+            "gpu": "cpu", "gpu_count": 0, "interconnect": None}
+        keyed = [{**r, "ok": all(r[b]["ok"] for b in ("attention", "mlp", "layer")),
+                  "world_size": args.world_size, "backend": args.backend,
+                  "key": f"{args.backend}/tp{args.world_size}/case{r['case']}"} for r in rows]
+        print(results.record("parallel_tp_check.json", where, keyed, extra=machine.versions()))
     return 0 if ok else 1
 
 
