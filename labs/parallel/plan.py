@@ -73,6 +73,11 @@ class Layout:
     note: str = ""
 
     @property
+    def requests_total(self) -> int:
+        """Max-length requests all DP replicas hold together."""
+        return self.requests * self.dp
+
+    @property
     def name(self) -> str:
         return f"TP={self.tp} PP={self.pp} DP={self.dp}" + (" EP" if self.ep else "")
 
@@ -224,7 +229,7 @@ def format_plan(model: specs.ModelSpec, cluster: Cluster, rows: list[Layout], re
              f"{'layout':>20} {'weights GiB':>11} {'KV GiB':>7} {'requests':>8} {'wire B/token':>13} "
              f"{'comm us/step':>12} {'leaves node':>11}  note"]
     for r in fitting[:top]:
-        lines.append(f"{r.name:>20} {r.weights_gib:>11.1f} {r.kv_room_gib:>7.1f} {r.requests * r.dp:>8,} "
+        lines.append(f"{r.name:>20} {r.weights_gib:>11.1f} {r.kv_room_gib:>7.1f} {r.requests_total:>8,} "
                      f"{r.comm_bytes_per_token:>13,.0f} {r.comm_us_per_step:>12.1f} {r.crosses_nodes:>11}  {r.note}")
     if len(fitting) > top:
         lines.append(f"... {len(fitting) - top} more layouts fit (--top shows more)")

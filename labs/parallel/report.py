@@ -104,6 +104,17 @@ def parallel_tp_step(model: str, gpu: str, tp: int, tokens: int, kind: str = "de
     return comm.derived_tp_step(model, gpu, tp, tokens, kind, link=link, graph=graph)
 
 
+def parallel_params_b(model: str, which: str = "total") -> str:
+    """A parameter count from the cost model's split, in billions: 'total', 'active' or 'routed'."""
+    from labs import roofline
+
+    split = roofline.deployment(model, "h200").params
+    value = {"total": split.total, "active": split.active, "routed": split.routed_experts}.get(which)
+    if value is None:
+        raise ReportError(f"parallel_params_b({model!r}, {which!r}): which is total, active or routed")
+    return f"{value / 1e9:,.1f}B"
+
+
 def parallel_allreduces_per_step(model: str) -> int:
     """TP all-reduces in one forward pass: one per attention block and one per MLP/MoE block."""
     return comm.ALL_REDUCES_PER_LAYER * _model(model).n_layers
@@ -345,7 +356,7 @@ def parallel_moe_skew_table(ep: int = 8, tokens: int = 4096) -> str:
                                    f"{tokens:,} tokens, EP = {ep}, expert e picked with weight (e + 1)^−s."])
 
 
-MACROS = [parallel_allreduces_per_step, parallel_tp_message, parallel_expert_slice, parallel_tokens_per_expert,
+MACROS = [parallel_params_b, parallel_allreduces_per_step, parallel_tp_message, parallel_expert_slice, parallel_tokens_per_expert,
           parallel_experts_per_rank, parallel_pp_bubble, parallel_layout, parallel_tp_check_table,
           parallel_moe_skew_table, parallel_bus_factor, parallel_link, parallel_anchor, parallel_collective_us, parallel_tp_bytes_per_token,
           parallel_pp_bytes_per_token, parallel_moe, parallel_tp_step, parallel_bus_factor_table, parallel_links_table,
