@@ -32,7 +32,7 @@ from labs.parallel import alphabeta, comm
 MODELS = ("llama-3.1-8b", "llama-3.1-70b")
 TP_DEGREES = (1, 2, 4, 8)
 TOKENS = (1, 16, 128, 1024, 4096)
-ROTATE_BYTES = 512 * 2**20   # weight copies cycled per graph: well above an H200's L2
+ROTATE_BYTES = 512 * 2**20   # bytes of copies of one GEMM's weight cycled per graph: ten times an H200's L2
 DEFAULT_LINK = "nvlink-h200"
 
 
@@ -88,11 +88,10 @@ def measure(model: specs.ModelSpec, tp: int, tokens: int, reps: int = 10) -> dic
     import torch
 
     gemms = shard_gemms(model, tp)
-    per_layer = sum(g.weight_bytes() for g in gemms)
-    copies = max(2, -(-ROTATE_BYTES // per_layer))
     dev = torch.device("cuda")
     out = {}
     for g in gemms:
+        copies = max(2, -(-ROTATE_BYTES // g.weight_bytes()))
         ws = [torch.randn(g.n, g.k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         x = torch.randn(tokens, g.k, device=dev, dtype=torch.bfloat16)
         y = torch.empty(tokens, g.n, device=dev, dtype=torch.bfloat16)
