@@ -110,7 +110,9 @@ class LabRun(_Strict):
 
     `output: run` makes the build run the command (torch-free labs only) and show
     what it prints; a path under labs/results/ shows a recorded GPU run, and a
-    `file.json#a.b` path picks one string out of a recorded JSON file.
+    `file.json#a.b` path picks one string out of a recorded JSON file. In a
+    recorded-results file (labs/recorded.py) a row is named by its key and the
+    machine by its label: `oom.json#machines.NVIDIA H200.rows.fragmentation.transcript`.
     """
 
     command: str = Field(pattern=r"^python -m labs\.[a-z_.]+( .*)?$")

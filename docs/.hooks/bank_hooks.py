@@ -88,6 +88,18 @@ def _expand_nav(nav: list, expansions: dict[str, list]) -> list:
 # ---------------------------------------------------------------------------
 
 
+def _check_recorded_results(root: Path) -> None:
+    """Read every labs/results/*.json once, so a broken file stops the build with its name and position."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from labs import recorded
+
+    try:
+        recorded.check_all(root / "labs" / "results")
+    except recorded.RecordedError as err:
+        raise PluginError(f"recorded lab results: {err}") from None
+
+
 def on_config(config):
     root = _root(config)
     try:
@@ -95,6 +107,7 @@ def on_config(config):
     except bank_lib.BankError as err:
         raise PluginError(str(err)) from None
     _state["bank"] = bank
+    _check_recorded_results(root)
     _state["abbreviations"] = glossary.abbreviation_lines(root)
 
     # One setting, extra.repository, gives the edit links. No repo_url: Material

@@ -24,8 +24,9 @@ import sys
 from pathlib import Path
 
 from labs.oom.transcript import format_report
+from labs.recorded import RESULTS_DIR, Machine, RecordedError, record_rows
 
-ROOT = Path(__file__).resolve().parents[2]
+RESULT = RESULTS_DIR / "oom.json"
 NAMES = ("kv-too-small", "prefill-activation", "two-instances", "fragmentation")
 
 
@@ -40,8 +41,12 @@ def _parser() -> argparse.ArgumentParser:
                         "(PATH gets the scenario name inserted before its suffix)")
     p.add_argument("--out", metavar="DIR", help="write the report as DIR/oom.json")
     p.add_argument("--record", action="store_true",
-                   help="also merge the report into labs/results/oom.json, which the site renders "
-                        "(each scenario with the text printed for it, as 'transcript')")
+                   help="also merge the scenarios run into labs/results/oom.json, which the site renders "
+                        "(each with the text printed for it, as 'transcript'); other scenarios and other "
+                        "GPUs stay, and a scenario that did not behave as predicted does not replace one "
+                        "that did")
+    p.add_argument("--replace", action="store_true",
+                   help="with --record: record a scenario that did not behave as predicted even over one that did")
     p.add_argument("--fragment-child", action="store_true",
                    help="internal: run the fragmentation allocation pattern in this fresh process and print JSON")
     return p
@@ -54,8 +59,18 @@ def _snapshot_path(base: str | None, name: str, many: bool) -> str | None:
     return str(p.with_name(f"{p.stem}-{name}{p.suffix}"))
 
 
+def record(doc: dict, path: Path | None = None, replace: bool = False):
+    """Merge one run's document (as --out writes it) into the recorded file, one row per scenario."""
+    run = {k: doc[k] for k in ("date", "total_memory_bytes", "versions")}
+    rows = [{**report, "ok": bool(report["as_predicted"])} for report in doc["scenarios"].values()]
+    return record_rows(path or RESULT, "oom", Machine(doc["gpu"]), rows, ["scenario"], run, replace=replace)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.replace and not args.record:
+        parser.error("--replace only applies with --record")
     try:
         import torch
     except ImportError:
@@ -93,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "oom.json").write_text(json.dumps(doc, indent=2) + "\n")
     if args.record:
-        path = ROOT / "labs" / "results" / "oom.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        old = json.loads(path.read_text()) if path.exists() else {}
-        doc["scenarios"] = {**old.get("scenarios", {}), **reports}
-        path.write_text(json.dumps(doc, indent=2) + "\n")
+        try:
+            print(record(doc, replace=args.replace))
+        except RecordedError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     return 0 if all(r["as_predicted"] for r in reports.values()) else 1
 
 
