@@ -328,18 +328,32 @@ def test_derived_tp_speedup_is_below_ideal_and_eager_is_worse():
 # ---------------------------------------------------------------------------
 
 
-def test_record_merges_and_keeps_passing_rows(tmp_path):
-    machine = {"gpu": "NVIDIA H200", "gpu_count": 2, "interconnect": "NV18"}
-    results.record("x.json", machine, [{"key": "a", "ok": True, "v": 1}, {"key": "b", "v": 2}], folder=tmp_path)
-    msg = results.record("x.json", machine, [{"key": "a", "ok": False, "v": 9}], folder=tmp_path)
-    doc = json.loads((tmp_path / "x.json").read_text())
-    rows = doc["machines"][0]["rows"]
-    assert rows["a"]["v"] == 1 and rows["b"]["v"] == 2 and "kept 1" in msg
-    results.record("x.json", {**machine, "gpu_count": 4}, [{"key": "a", "v": 3}], folder=tmp_path)
-    assert len(json.loads((tmp_path / "x.json").read_text())["machines"]) == 2
-    (tmp_path / "x.json").write_text("{")
-    with pytest.raises(results.ResultsError, match="x.json: line 1"):
-        results.load("x.json", tmp_path)
+def test_records_go_through_the_shared_writer_and_render(tmp_path, monkeypatch):
+    from labs import recorded
+    from labs.parallel import report
+
+    monkeypatch.setattr(recorded, "RESULTS_DIR", tmp_path)
+    h200 = recorded.Machine("NVIDIA H200")
+    m = specs.get_model("llama-3.1-8b")
+    times = {tp: dict.fromkeys(("qkv", "o", "gate_up", "down"), 1e-4 / tp) for tp in (1, 2)}
+    rows = [{"model": m.name, "tokens": 1, **p, "ok": True}
+            for p in gemm_shards.predict(m, 1, times, alphabeta.get_link("nvlink-h200"))]
+    msg = results.record("gemm", h200, rows, {"torch": "x", "cuda": "y"})
+    assert "added: llama-3.1-8b/1/1, llama-3.1-8b/2/1" in msg
+    table = report.parallel_gemm_table("H200", tokens=(1,))
+    assert "Measured on NVIDIA H200" in table and "| 2 |" in table
+    failing = [{**rows[1], "ok": False, "gemm_us": 1.0}]
+    assert "kept the passing row" in results.record("gemm", h200, failing)
+    assert results.load("gemm", "H200").row(model=m.name, tp=2, tokens=1)["gemm_us"] == rows[1]["gemm_us"]
+    assert results.load("gemm", "H100") is None
+    two = recorded.Machine("NVIDIA H200", 2, "NVLink")
+    coll = [{"op": "all_reduce", "size": s, "mode": "eager", "seconds": 1e-5 + s / 3e11, "busbw_gbps": 1.0,
+             "ok": True} for s in (8192, 2**20, 2**30)]
+    from labs.parallel import collectives
+
+    results.record("collectives", two, coll, derive=lambda all_rows: {"fits": collectives.summarise(all_rows, 2)[1]})
+    shown = report.parallel_collectives_measured("H200", 2)
+    assert "2x NVIDIA H200 (NVLink)" in shown and "α fitted" in shown
 
 
 @pytest.mark.parametrize("module", [plan, moe, tp, gemm_shards, __import__("labs.parallel.collectives").parallel.collectives])

@@ -249,10 +249,13 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "collectives.json").write_text(json.dumps(doc, indent=1))
     if args.record:
-        where = machine.describe(args.world_size)
-        keyed = [{**r, "key": f"{r['op']}/{r['size']}/{r['mode']}"} for r in rows if "seconds" in r]
-        keyed += [{**f, "key": f"fit/{f['op']}"} for f in fits if "error" not in f]
-        print(results.record("parallel_collectives.json", where, keyed, extra=machine.versions()))
+        measured = [{**r, "ok": True} for r in rows if "seconds" in r]
+
+        def derive(all_rows):
+            return {"fits": summarise(all_rows, args.world_size)[1]}
+
+        print(results.record("collectives", results.gpu_machine(args.world_size), measured, machine.versions(),
+                             derive=derive))
     return 0
 
 

@@ -124,8 +124,7 @@ def run(models, tps, tokens_list, link: alphabeta.Link) -> list[dict]:
             times = {tp: measure(model, tp, tokens) for tp in sorted(set(tps) | {1})}
             for p in predict(model, tokens, times, link):
                 rows.append({"model": name, "tokens": tokens, **p,
-                             "gemms_us": {k: v * 1e6 for k, v in times[p["tp"]].items()},
-                             "key": f"{name}/tp{p['tp']}/t{tokens}"})
+                             "gemms_us": {k: v * 1e6 for k, v in times[p["tp"]].items()}, "ok": True})
     return rows
 
 
@@ -174,9 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         from labs.parallel import machine, results
 
-        where = machine.describe(1)
-        print(results.record("parallel_gemm_shards.json", where, [{**r, "link": link.name} for r in rows],
-                             extra=machine.versions()))
+        print(results.record("gemm", results.gpu_machine(1), [{**r, "link": link.name} for r in rows],
+                             machine.versions()))
     return 0
 
 

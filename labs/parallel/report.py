@@ -17,8 +17,6 @@ import shlex
 from labs import recorded, specs
 from labs.parallel import alphabeta, comm, results
 
-GEMM_FILE = "parallel_gemm_shards.json"
-COLLECTIVES_FILE = "parallel_collectives.json"
 GEMM_COMMAND = "python -m labs.parallel.gemm_shards --out out/parallel --record"
 COLLECTIVES_COMMAND = "python -m labs.parallel.collectives --world-size 2 --out out/parallel --record"
 KIB, MIB, GIB = 1024, 1024**2, 1024**3
@@ -279,22 +277,20 @@ def parallel_plan_cli(args: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _machine_line(m: dict) -> str:
-    v = m.get("versions", {})
-    link = f", {m['interconnect']}" if m.get("interconnect") else ""
-    return (f"Measured on {m['gpu_count']} × {m['gpu']}{link} on {m['date']}; torch {v.get('torch', '?')}, "
-            f"CUDA {v.get('cuda', '?')}" + (f", NCCL {v['nccl']}" if v.get("nccl") else "") + ".")
+def _machine_line(m) -> str:
+    v = m.runs[-1] if m.runs else {}
+    return (f"Measured on {m.label} on {m.dates}; torch {v.get('torch', '?')}, CUDA {v.get('cuda', '?')}"
+            + (f", NCCL {v['nccl']}" if v.get("nccl") else "") + ".")
 
 
 def parallel_gemm_table(gpu: str = "H200", models=("llama-3.1-8b", "llama-3.1-70b"), tokens=(1, 4096)) -> str:
     """Measured per-rank GEMM time per layer at TP-shard shapes, and the speedup it predicts with α–β."""
-    path = recorded.RESULTS_DIR / GEMM_FILE
-    entry = results.select(results.load(GEMM_FILE), gpu, 1)
+    entry = results.load("gemm", gpu, 1)
     if entry is None:
-        return recorded.missing(path, GEMM_COMMAND)
+        return recorded.missing(results.path("gemm"), GEMM_COMMAND)
     lines = ["| Model | Tokens | TP | GEMMs per layer, measured | + 2 all-reduces (α–β) | GEMM scaling "
              "| Predicted layer speedup | Predicted MLP speedup |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for key, r in sorted(entry["rows"].items(), key=lambda kv: (kv[1]["model"], kv[1]["tokens"], kv[1]["tp"])):
+    for r in sorted(entry.rows, key=lambda r: (r["model"], r["tokens"], r["tp"])):
         if r["model"] in models and r["tokens"] in tokens:
             lines.append(f"| {_model(r['model']).display_name} | {r['tokens']:,} | {r['tp']} | {r['gemm_us']:,.1f} µs "
                          f"| {2 * r['allreduce_us']:,.1f} µs | {r['gemm_scaling']:.2f}× | {r['speedup_layer']:.2f}× "
@@ -304,28 +300,30 @@ def parallel_gemm_table(gpu: str = "H200", models=("llama-3.1-8b", "llama-3.1-70
 
 def parallel_collectives_measured(gpu: str = "H200", gpu_count: int = 2) -> str:
     """The recorded collectives run, or what command records it."""
-    path = recorded.RESULTS_DIR / COLLECTIVES_FILE
-    entry = results.select(results.load(COLLECTIVES_FILE), gpu, gpu_count)
+    entry = results.load("collectives", gpu, gpu_count)
     if entry is None:
-        return recorded.missing(path, COLLECTIVES_COMMAND)
+        return recorded.missing(results.path("collectives"), COLLECTIVES_COMMAND)
     lines = ["| Collective | Message | Mode | Time | busbw |", "|---|---:|---|---:|---:|"]
-    for key, r in entry["rows"].items():
-        if not key.startswith("fit/") and r["size"] in (8 * KIB, 1 * MIB, 1 * GIB):
+    for r in entry.rows:
+        if r["size"] in (8 * KIB, 1 * MIB, 1 * GIB):
             lines.append(f"| {r['op']} | {_size(r['size'])} | {r['mode']} | {r['seconds'] * 1e6:,.1f} µs "
                          f"| {r['busbw_gbps']:,.1f} GB/s |")
+    fits = entry.derived.get("fits", [])
+    if fits:
+        lines += ["", "| Collective | α fitted | β fitted | worst error |", "|---|---:|---:|---:|"]
+        lines += [f"| {f['op']} | {f['alpha_us']:.1f} µs | {f['beta_gbps']:.0f} GB/s | {f['max_rel_error'] * 100:.0f}% |"
+                  for f in fits if "error" not in f]
     return "\n".join(lines + ["", _machine_line(entry)])
 
 
-def parallel_tp_check_table(backend: str = "gloo") -> str:
+def parallel_tp_check_table(backend: str = "gloo", gpu: str = "H200", gpu_count: int = 2) -> str:
     """The recorded TP check: split layer vs whole layer per case and block, with its bound."""
-    doc = results.load("parallel_tp_check.json")
-    entry = next((m for m in (doc or {}).get("machines", []) if backend != "gloo" or m["gpu"] == "cpu"), None)
+    entry = results.load("tp", "CPU", 1) if backend == "gloo" else results.load("tp", gpu, gpu_count)
     if entry is None:
-        return recorded.missing(recorded.RESULTS_DIR / "parallel_tp_check.json",
-                                "python -m labs.parallel.tp --world-size 2 --record")
+        return recorded.missing(results.path("tp"), f"python -m labs.parallel.tp --world-size 2 --backend {backend} --record")
     lines = ["| Ranks | Layer (hidden, intermediate, H_q / H_kv) | Tokens | Block | max abs difference | Bound "
              "| All-reduces |", "|---:|---|---:|---|---:|---:|---:|"]
-    for key, r in sorted(entry["rows"].items()):
+    for r in sorted(entry.rows, key=lambda r: (r["world_size"], r["case"])):
         if r["backend"] != backend:
             continue
         sh = r["shape"]
@@ -334,25 +332,24 @@ def parallel_tp_check_table(backend: str = "gloo") -> str:
             lines.append(f"| {r['world_size']} | {sh['hidden']}, {sh['intermediate']}, {sh['n_heads']} / "
                          f"{sh['n_kv_heads']} | {r['tokens']} | {b} | {c['max_abs_diff']:.1e} | {c['bound']:.1e} "
                          f"| {c['all_reduces']} |")
-    v = entry.get("versions", {})
-    where = "CPU processes over gloo, float32" if backend == "gloo" else _machine_line(entry)
+    v = entry.runs[-1] if entry.runs else {}
+    where = "CPU processes over gloo, float32" if backend == "gloo" else entry.label
     return "\n".join(lines + ["", f"Recorded by `python -m labs.parallel.tp --record` ({where}; torch "
-                                   f"{v.get('torch', '?')}, {entry['date']})."])
+                                   f"{v.get('torch', '?')}, {entry.dates})."])
 
 
 def parallel_moe_skew_table(ep: int = 8, tokens: int = 4096) -> str:
     """The recorded skew simulation: how uneven expert and rank loads get as routing concentrates."""
-    doc = results.load("parallel_moe_skew.json")
-    entry = (doc or {}).get("machines", [None])[0]
+    entry = results.load("moe", "CPU", 1)
     if entry is None:
-        return recorded.missing(recorded.RESULTS_DIR / "parallel_moe_skew.json", "python -m labs.parallel.moe --record")
+        return recorded.missing(results.path("moe"), "python -m labs.parallel.moe --record")
     lines = ["| Model | Zipf skew s | busiest expert / mean | busiest GPU / mean, contiguous placement "
              "| busiest GPU / mean, round-robin |", "|---|---:|---:|---:|---:|"]
-    for key, r in entry["rows"].items():
+    for r in entry.rows:
         if r["ep"] == ep and r["tokens"] == tokens:
             lines.append(f"| {_model(r['model']).display_name} | {r['skew']:g} | {r['max_over_mean_expert']:.2f} "
                          f"| {r['max_over_mean_rank']:.2f} | {r['max_over_mean_rank_round_robin']:.2f} |")
-    return "\n".join(lines + ["", f"Derived by seeded sampling (`python -m labs.parallel.moe --record`, {entry['date']}): "
+    return "\n".join(lines + ["", f"Derived by seeded sampling (`python -m labs.parallel.moe --record`, {entry.dates}): "
                                    f"{tokens:,} tokens, EP = {ep}, expert e picked with weight (e + 1)^−s."])
 
 

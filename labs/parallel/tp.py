@@ -149,6 +149,7 @@ def _parser() -> cli.Parser:
     p.add_argument("--out", type=cli.output_dir, default=None, help="folder to write tp_check.json to")
     p.add_argument("--record", action="store_true",
                    help="merge the rows into labs/results/parallel_tp_check.json, keyed by machine (GPUs, count, link)")
+    p.add_argument("--replace", action="store_true", help="with --record, let failing rows replace passing ones")
     return p
 
 
@@ -182,12 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.record:
         from labs.parallel import machine, results
 
-        where = machine.describe(args.world_size) if args.backend == "nccl" else {
-            "gpu": "cpu", "gpu_count": 0, "interconnect": None}
-        keyed = [{**r, "ok": all(r[b]["ok"] for b in ("attention", "mlp", "layer")),
-                  "world_size": args.world_size, "backend": args.backend,
-                  "key": f"{args.backend}/tp{args.world_size}/case{r['case']}"} for r in rows]
-        print(results.record("parallel_tp_check.json", where, keyed, extra=machine.versions()))
+        where = results.gpu_machine(args.world_size) if args.backend == "nccl" else results.CPU
+        keyed = [{**r, "ok": all(r[b]["ok"] and r[b]["all_reduces"] == expected_all_reduces(b)
+                                 for b in ("attention", "mlp", "layer")),
+                  "world_size": args.world_size, "backend": args.backend} for r in rows]
+        print(results.record("tp", where, keyed, machine.versions(), replace=args.replace))
     return 0 if ok else 1
 
 
