@@ -108,9 +108,11 @@ class Bandwidth:
 
 
 def _measured_entry(gpu: GPUSpec) -> dict | None:
-    from labs.paged_attention.report import load_results
+    from labs.paged_attention import report
 
-    return load_results().get(gpu.cuda_name) if gpu.cuda_name else None
+    if not gpu.cuda_name or not report.paged_attention_recorded(gpu.cuda_name):
+        return None
+    return report.paged_attention_entry(gpu.cuda_name)
 
 
 def bandwidth(gpu: GPUSpec, source: str = "datasheet") -> Bandwidth:
