@@ -11,13 +11,15 @@ What is counted, once, for every page and CLI that quotes these figures:
 * **PP.** A stage boundary hands over ``hidden_states`` and ``residual``
   (vLLM's IntermediateTensors for Llama-style models, vllm/model_executor/
   models/llama.py): ``2 x hidden x b`` bytes per token, point to point.
-* **EP with data-parallel attention (the DeepSeek-V3 recipe).** Each rank holds
-  its own tokens; a MoE layer sends each token's hidden state to the ranks of
-  its k experts (dispatch) and brings the k weighted outputs back (combine).
-  Counted per copy (k copies per token, the all-to-all of vLLM's
-  ``allgather_reducescatter``-free backends) and deduplicated per destination
-  rank (DeepEP sends a token once to a rank that holds several of its
-  experts). Under uniform routing (n-1)/n of the copies leave the rank.
+* **EP with data-parallel attention (the DeepSeek-V3 recipe), dispatch to owner.**
+  Each rank holds its own tokens; a MoE layer sends each token's hidden state
+  to the ranks of its k experts (dispatch) and brings the k weighted outputs
+  back (combine), as vLLM's DeepEP all-to-all backends do. Counted per copy
+  (k per token) and deduplicated per destination rank (a token sent once to a
+  rank that holds several of its experts). Under uniform routing (n-1)/n of the
+  copies leave the rank. vLLM's default backend, allgather_reducescatter,
+  instead gathers every rank's tokens everywhere: the bytes of an all-reduce
+  (labs.parallel.plan prices both).
 
 Compared on the same tokens, the ratio of all bytes on the wire, EP over TP, is
 k/n per MoE layer when every copy is sent: EP is cheaper when a token's

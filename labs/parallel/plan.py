@@ -15,8 +15,10 @@ replica with the alpha-beta model (labs/data/interconnects.yaml):
   TP   two all-reduces of batch x hidden x 2 bytes per layer, over NVLink while TP stays in one
        node, over the inter-node link once it crosses;
   PP   one hand-off of hidden_states and residual per stage boundary;
-  EP   a dispatch and a combine all-to-all per MoE layer (DP attention, tokens per rank),
-       or, with DP = 1, the same all-reduce TP would do (tokens are replicated over the TP ranks).
+  MoE  with DP > 1, vLLM's default all-gather of every DP rank's tokens and a reduce-scatter back
+       per MoE layer (--all2all-backend agrs), or with EP a dispatch and a combine all-to-all of k
+       copies per token (--all2all-backend a2a, DeepEP's kind); with DP = 1, the all-reduce TP
+       does, EP or not (tokens are replicated over the TP ranks).
 
 Weights (vLLM's placement): attention, embeddings and dense MLPs split over TP x PP and are
 copied per DP replica; an MoE model's experts split over TP x DP x PP with or without EP
