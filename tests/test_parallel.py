@@ -298,8 +298,8 @@ def test_planner_tp_across_nodes_uses_the_slow_link():
 
 def test_planner_all_to_all_backend_halves_deepseek_traffic_at_16_gpus():
     m, c = specs.get_model("deepseek-v3"), _cluster(nodes=2)
-    agrs = {r.name: r for r in plan.layouts(m, c, 8192, 64, 0.92, "agrs")[0]}
-    a2a = {r.name: r for r in plan.layouts(m, c, 8192, 64, 0.92, "a2a")[0]}
+    agrs = {r.name: r for r in plan.layouts(m, c, 8192, 64, 0.92, "allgather")[0]}
+    a2a = {r.name: r for r in plan.layouts(m, c, 8192, 64, 0.92, "all-to-all")[0]}
     name = "TP=1 PP=1 DP=16 EP"
     assert a2a[name].comm_bytes_per_token < 0.6 * agrs[name].comm_bytes_per_token
 

@@ -95,11 +95,19 @@ class MoELayerComm:
     ep_bytes_per_rank: float         # dispatch + combine, copies that leave the rank
     ep_bytes_per_rank_dedup: float
     ep_bytes_total: float
+    ep_send_buffer: int              # one all-to-all's send buffer per rank: local tokens x k x hidden x b
 
     @property
     def ratio(self) -> float:
         """EP's bytes on the wire over TP's, every copy sent: k/n."""
         return self.ep_bytes_total / self.tp_bytes_total
+
+
+def moe_layer_times(c: "MoELayerComm", link: alphabeta.Link, graph: bool = True) -> tuple[float, float]:
+    """(TP all-reduce, EP dispatch + combine all-to-all) seconds for one MoE layer (alpha-beta)."""
+    tp_t = alphabeta.collective_time("all_reduce", c.tp_allreduce_message, c.n, link, graph)
+    ep_t = 2 * alphabeta.collective_time("all_to_all", c.ep_send_buffer, c.n, link, graph)
+    return tp_t, ep_t
 
 
 def moe_layer_comm(model: specs.ModelSpec, n: int, tokens: int, act_bytes: int = ACT_BYTES) -> MoELayerComm:
@@ -120,7 +128,7 @@ def moe_layer_comm(model: specs.ModelSpec, n: int, tokens: int, act_bytes: int =
     ep_rank = 2 * local * k * leave * h * act_bytes
     ep_rank_dedup = 2 * local * ranks * leave * h * act_bytes
     return MoELayerComm(model.name, n, tokens, msg, tp_rank, tp_rank * n, local, float(k), ranks,
-                        ep_rank, ep_rank_dedup, ep_rank * n)
+                        ep_rank, ep_rank_dedup, ep_rank * n, local * k * h * act_bytes)
 
 
 def tp_step_comm_time(model: specs.ModelSpec, tokens: int, tp: int, link: alphabeta.Link,

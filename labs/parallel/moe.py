@@ -164,9 +164,7 @@ def comm_table(models, tokens: int, ep: int, link: alphabeta.Link) -> list[dict]
     for name in models:
         m = specs.get_model(name)
         c = comm.moe_layer_comm(m, ep, tokens)
-        tp_t = alphabeta.collective_time("all_reduce", c.tp_allreduce_message, ep, link)
-        a2a_msg = c.ep_tokens_per_rank * m.moe.experts_per_token * m.hidden_size * comm.ACT_BYTES
-        ep_t = 2 * alphabeta.collective_time("all_to_all", a2a_msg, ep, link)
+        tp_t, ep_t = comm.moe_layer_times(c, link)
         rows.append({"model": name, "tokens": tokens, "n": ep, "k": m.moe.experts_per_token,
                      "tp_mib_per_rank": c.tp_bytes_per_rank / 2**20, "ep_mib_per_rank": c.ep_bytes_per_rank / 2**20,
                      "ep_dedup_mib_per_rank": c.ep_bytes_per_rank_dedup / 2**20, "ratio": c.ratio,

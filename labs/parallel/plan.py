@@ -16,8 +16,8 @@ replica with the alpha-beta model (labs/data/interconnects.yaml):
        node, over the inter-node link once it crosses;
   PP   one hand-off of hidden_states and residual per stage boundary;
   MoE  with DP > 1, vLLM's default all-gather of every DP rank's tokens and a reduce-scatter back
-       per MoE layer (--all2all-backend agrs), or with EP a dispatch and a combine all-to-all of k
-       copies per token (--all2all-backend a2a, DeepEP's kind); with DP = 1, the all-reduce TP
+       per MoE layer (--moe-dispatch allgather), or with EP a dispatch and a combine all-to-all of k
+       copies per token (--moe-dispatch all-to-all, what DeepEP does); with DP = 1, the all-reduce TP
        does, EP or not (tokens are replicated over the TP ranks).
 
 Weights (vLLM's placement): attention, embeddings and dense MLPs split over TP x PP and are
@@ -109,7 +109,7 @@ def _powers_of_two(n: int):
 
 
 def layouts(model: specs.ModelSpec, cluster: Cluster, max_model_len: int, batch: int,
-            utilization: float, backend: str = "agrs") -> tuple[list[Layout], list[str]]:
+            utilization: float, backend: str = "allgather") -> tuple[list[Layout], list[str]]:
     """Every layout that passes vLLM's checks (fitting or not), and the rejected ones with reasons."""
     out, rejected = [], []
     g = cluster.gpus
@@ -188,7 +188,7 @@ def decode_comm(model: specs.ModelSpec, cluster: Cluster, tp: int, pp: int, dp: 
             t += moe_n * alphabeta.collective_time("all_reduce", msg, tp, tp_link)
             note = (f"EP over {tp} GPUs: whole experts per GPU, same all-reduce as TP" if ep
                     else f"experts sliced over TP = {tp}")
-        elif ep and backend == "a2a":
+        elif ep and backend == "all-to-all":
             n = tp * dp
             k = model.moe.experts_per_token
             send = max(1, batch // tp) * k * h * b
@@ -271,9 +271,11 @@ def _parser() -> cli.Parser:
     p.add_argument("--gpu-memory-utilization", type=cli.fraction,
                    default=vllm_facts.resolved_default("gpu_memory_utilization"),
                    help="share of each GPU's memory vLLM may use (vLLM 0.33 default: %(default)s)")
-    p.add_argument("--all2all-backend", type=cli.choice(("agrs", "a2a"), "backend"), default="agrs",
-                   help="MoE dispatch with DP > 1: agrs = vLLM's default allgather_reducescatter, a2a = a "
-                        "dispatch-to-owner all-to-all such as DeepEP (default: %(default)s)")
+    p.add_argument("--moe-dispatch", type=cli.choice(("allgather", "all-to-all"), "MoE dispatch"),
+                   default="allgather",
+                   help="how MoE layers with DP > 1 move tokens: allgather = vLLM's default allgather_reducescatter "
+                        "backend, all-to-all = a dispatch to the experts' GPUs as the DeepEP backends do "
+                        "(default: %(default)s)")
     p.add_argument("--top", type=cli.bounded_int(1, 1000), default=12, help="layouts to print (default: %(default)s)")
     p.add_argument("--out", type=cli.output_dir, default=None, help="folder to write plan.json to")
     return p
@@ -294,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     memory = int(args.gpu_memory_gib * GIB) if args.gpu_memory_gib is not None else gpu.memory_bytes_budget
     cluster = Cluster(memory, args.gpus_per_node, args.nodes, alphabeta.get_link(args.intra_link), inter, gpu)
     rows, rejected = layouts(model, cluster, args.max_model_len, args.batch, args.gpu_memory_utilization,
-                             args.all2all_backend)
+                             args.moe_dispatch)
     print(format_plan(model, cluster, rows, rejected, args.max_model_len, args.batch, args.top))
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -148,7 +148,7 @@ def parallel_pp_bubble(stages: int, batches: int) -> float:
 
 
 def parallel_layout(model: str, gpu: str = "h200", tp: int = 1, pp: int = 1, dp: int = 1, ep: bool = False,
-                    gpus_per_node: int = 8, max_model_len: int = 8192, batch: int = 64, backend: str = "agrs"):
+                    gpus_per_node: int = 8, max_model_len: int = 8192, batch: int = 64, backend: str = "allgather"):
     """One planner layout (labs.parallel.plan), for `.weights_gib`, `.requests`, `.comm_us_per_step`."""
     from labs import vllm_facts
     from labs.parallel import plan
@@ -243,9 +243,7 @@ def parallel_moe_table(models=("mixtral-8x7b", "deepseek-v3"), n: int = 8, token
     for name in models:
         m = _model(name)
         c = parallel_moe(name, n, tokens)
-        tp_t = alphabeta.collective_time("all_reduce", c.tp_allreduce_message, n, lk)
-        a2a = c.ep_tokens_per_rank * m.moe.experts_per_token * m.hidden_size * comm.ACT_BYTES
-        ep_t = 2 * alphabeta.collective_time("all_to_all", a2a, n, lk)
+        tp_t, ep_t = comm.moe_layer_times(c, lk)
         lines.append(f"| {m.display_name} | {m.moe.experts_per_token} of {m.moe.n_routed_experts} "
                      f"| {c.tp_bytes_per_rank / MIB:,.1f} MiB | {c.ep_bytes_per_rank / MIB:,.1f} MiB "
                      f"| {c.ep_bytes_per_rank_dedup / MIB:,.1f} MiB ({c.ep_ranks_per_token:.2f} ranks per token) "
