@@ -95,8 +95,12 @@ def measure(model: specs.ModelSpec, tp: int, tokens: int, reps: int = 10) -> dic
         ws = [torch.randn(g.n, g.k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
         x = torch.randn(tokens, g.k, device=dev, dtype=torch.bfloat16)
         y = torch.empty(tokens, g.n, device=dev, dtype=torch.bfloat16)
-        for w in ws:  # warm up cuBLAS's heuristics outside the capture
-            torch.matmul(x, w.T, out=y)
+        side = torch.cuda.Stream()  # warm up (cuBLAS handle, workspace, heuristics) on a side stream, as
+        side.wait_stream(torch.cuda.current_stream())  # torch.cuda.graph's documentation asks
+        with torch.cuda.stream(side):
+            for w in ws:
+                torch.matmul(x, w.T, out=y)
+        torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
