@@ -95,6 +95,13 @@ def define_env(env):
         return f"[{text or found.q.title}]({rel_link(_page_uri(), found.src_uri)})"
 
     @env.macro
+    def modules_summary() -> str:
+        """How many modules have lessons, counted from the lessons (docs/.hooks/sections.py)."""
+        import sections
+
+        return sections.module_summary(_bank()).sentence
+
+    @env.macro
     def page_link(uri: str, text: str) -> str:
         """A link to a hand-written page by its path under docs/, checked to exist."""
         if not (ROOT / "docs" / uri).is_file():

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import sections
 from bank import Bank, BankQuestion, Lesson, Module, Question
 
 GENERATED_BANNER = (
@@ -249,13 +250,20 @@ def _lesson_list(bank: Bank, from_uri: str, lessons: list[Lesson]) -> str:
     )
 
 
+def _lesson_cards(bank: Bank, from_uri: str, lessons: list[Lesson]) -> str:
+    return sections.cards_markdown([
+        sections.Card(lesson.meta.title, rel_link(from_uri, lesson.src_uri), lesson.meta.description)
+        for lesson in lessons
+    ])
+
+
 def lessons_index(bank: Bank) -> str:
     uri = "lessons/index.md"
     out = _page_head("Lessons")
     out.append(
-        "Nine modules, from what a token costs to running a fleet. Each lesson states the problem "
-        "with a number, shows the mechanism, works an example on a real model and GPU, says what "
-        "vLLM 0.33 does, and ends with the bank questions that test it."
+        f"{sections.module_summary(bank).sentence} Each lesson states the problem with a number, shows "
+        f"the mechanism, works an example on a real model and GPU, says what vLLM {bank.vllm_version} does, "
+        "and ends with the bank questions that test it."
     )
     for module in bank.modules:
         index = f"lessons/part-{module.part}/index.md"
@@ -271,7 +279,7 @@ def lessons_module_index(bank: Bank, module: Module) -> str:
     out = _page_head(module.label)
     out.append(module.scope)
     lessons = bank.lessons_of(module.part)
-    out.append(_lesson_list(bank, uri, lessons) if lessons else "_Planned: no lessons yet._")
+    out.append(_lesson_cards(bank, uri, lessons) if lessons else "_Planned: no lessons yet._")
     if module.bank:
         questions = bank.questions_of(module.part)
         bank_index_uri = f"questions/part-{module.part}/index.md"
@@ -288,17 +296,13 @@ def lessons_module_index(bank: Bank, module: Module) -> str:
 
 
 def lesson_footer(bank: Bank, lesson: Lesson) -> str:
-    """Sources, the checked date, and the Interview links derived from the questions."""
+    """The Interview links derived from the questions, then Sources and the checked date.
+
+    Interview links come first: a reader who finished the lesson looks for the
+    questions next, and a list of references above them hides them.
+    """
     uri = lesson.src_uri
-    out: list[str] = []
-    if lesson.meta.sources:
-        out += ["## Sources", _sources(lesson.meta.sources)]
-    if lesson.meta.verified:
-        v = lesson.meta.verified
-        out.append(
-            f'<p class="bank-verified">Checked against vLLM {v.vllm} (V1 engine) on {v.date.isoformat()}.</p>'
-        )
-    out.append("## Interview links")
+    out: list[str] = ["## Interview links"]
     links = bank.links.get(lesson.id, [])
     if links:
         out.append("Questions in the bank that test this lesson, or touch it:")
@@ -307,4 +311,11 @@ def lesson_footer(bank: Bank, lesson: Lesson) -> str:
         out.append("_No question tests this lesson yet._")
     else:
         out.append("This hands-on lesson has no bank questions; the modules it prepares for do.")
+    if lesson.meta.sources:
+        out += ["## Sources", _sources(lesson.meta.sources)]
+    if lesson.meta.verified:
+        v = lesson.meta.verified
+        out.append(
+            f'<p class="bank-verified">Checked against vLLM {v.vllm} (V1 engine) on {v.date.isoformat()}.</p>'
+        )
     return "\n\n" + GENERATED_BANNER.format(src="questions/") + "\n\n" + "\n\n".join(out) + "\n"
