@@ -103,10 +103,13 @@ def define_env(env):
 
     @env.macro
     def page_link(uri: str, text: str) -> str:
-        """A link to a hand-written page by its path under docs/, checked to exist."""
-        if not (ROOT / "docs" / uri).is_file():
-            raise MacroError(f"page_link('{uri}'): docs/{uri} does not exist")
-        return f"[{text}]({rel_link(_page_uri(), uri)})"
+        """A link to a hand-written page by its path under docs/ (and #anchor), checked to exist.
+
+        The anchor is checked by the strict build (validation.anchors)."""
+        path, _, anchor = uri.partition("#")
+        if not (ROOT / "docs" / path).is_file():
+            raise MacroError(f"page_link('{uri}'): docs/{path} does not exist")
+        return f"[{text}]({rel_link(_page_uri(), path)}{'#' + anchor if anchor else ''})"
 
     env.macro(lambda name: _specs().get_model(name), "model")
     env.macro(lambda name: _specs().get_gpu(name), "gpu")
@@ -221,7 +224,8 @@ def register_plot_macros(env) -> None:
     @env.macro
     def kv_calculator(model: str = "llama-3.1-8b", gpu: str = "h200", max_model_len: int = 8192) -> str:
         """The in-page KV-cache calculator, with the data files inlined for it."""
-        data = plots.calculator_data(_specs(), formula, memory_budget, vllm_facts()["version"])
+        facts = vllm_facts()
+        data = plots.calculator_data(_specs(), formula, memory_budget, facts["version"], facts)
         return plots.calculator_html(data, model, gpu, max_model_len)
 
 

@@ -416,6 +416,8 @@ FILL_FORM = """(form, values) => {
 
 
 def test_calculator_matches_the_python_lab(page, base_url):
+    from labs import specs
+
     page.goto(base_url + "labs/kv-sizing/")
     calc = page.locator("[data-kv-calculator]")
     form = calc.locator("form")
@@ -425,6 +427,11 @@ def test_calculator_matches_the_python_lab(page, base_url):
         # Through the form: set its fields, fire the event a reader's edit fires, read what the page computed.
         values = {k: "" if v is None else str(v) for k, v in case.items()}
         got = form.evaluate(FILL_FORM, values)
+        if case["max_model_len"] > specs.get_model(case["model"]).max_position_embeddings:
+            # vLLM refuses a context past the model's positions before it sizes anything.
+            if not (got.get("invalid") and "User-specified max_model_len" in (got.get("vllm_error") or "")):
+                mismatches.append(f"{case}: past max_position_embeddings, the page computed {got}")
+            continue
         try:
             want = _python_budget(case["model"], case["gpu"], case)
         except ValueError as err:  # an input the lab refuses (TP the heads do not divide)
@@ -459,6 +466,84 @@ def test_calculator_matches_the_python_lab(page, base_url):
     page.set_viewport_size({"width": 1280, "height": 1500})
     calc.evaluate("el => window.scrollTo(0, el.getBoundingClientRect().top + window.scrollY - 130)")
     shot(page, "calculator")
+
+
+def _calculator_text(page) -> str:
+    """What the results say, without vLLM's quoted error (vLLM prints its numbers bare)."""
+    return page.locator(".kv-calculator__results").evaluate(
+        "el => [...el.children].filter(c => !c.matches('pre')).map(c => c.innerText).join(' ')")
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_calculator_caps_the_context_speaks_plainly_and_keeps_its_state(page, base_url, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(base_url + "labs/kv-sizing/")
+    # A link at the top of the page, in the first screen, takes the reader to it.
+    top = page.locator("a.kv-calculator-link")
+    assert top.bounding_box()["y"] < 900, "the calculator link is not in the first screen"
+    top.click()
+    calc = page.locator("[data-kv-calculator]")
+    expect(calc).to_be_in_viewport()
+    form = calc.locator("form")
+
+    # Past the model's positions: vLLM's own refusal, and the variable that lifts it.
+    form.locator("select[name=model]").select_option("llama-3.1-8b")
+    form.locator("input[name=max_model_len]").fill("500000")
+    error = page.locator(".kv-calculator__verdict--error")
+    expect(error).to_contain_text("131,072")
+    expect(error).to_contain_text("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    expect(page.locator(".kv-calculator__vllm-error")).to_have_text(re.compile(
+        r"^ValueError: User-specified max_model_len \(500000\) is greater than the derived max_model_len "
+        r"\(max_position_embeddings=131072 "))
+    form.locator("select[name=model]").select_option("gemma-2-9b")
+    form.locator("input[name=max_model_len]").fill("131072")
+    expect(error).to_contain_text("8,192 positions")
+    assert page.locator(".kv-calculator__cards").count() == 0, "a refused context still shows results"
+    shot(page, f"calculator-refused-{width}")
+
+    # One request is "1 request"; every number of four digits or more has separators.
+    form.locator("input[name=max_model_len]").fill("8192")
+    form.locator("input[name=max_num_seqs]").fill("1")
+    verdict = page.locator(".kv-calculator__verdict")
+    expect(verdict).to_contain_text("A batch of 1 request at 8,192 tokens fits")
+    for model, length in (("gemma-2-9b", "8192"), ("deepseek-v3", "163840"), ("llama-3.1-70b", "131072")):
+        form.locator("select[name=model]").select_option(model)
+        form.locator("input[name=max_model_len]").fill(length)
+        text = _calculator_text(page)
+        assert not re.search(r"\b\d+ (requests?|blocks?|tokens?|runs?) ", text.replace("1 request", "")) or \
+            not re.search(r"\b1 (requests|blocks|tokens)\b", text), text
+        assert not re.search(r"(?<![\d.,])\d{4,}(?![\d,])", text), f"{model}: a number without separators: {text}"
+    assert not page.evaluate("document.documentElement.scrollWidth > window.innerWidth"), "the page scrolls sideways"
+
+    # The inputs live in the address: leave, come Back, and they are there.
+    form.locator("select[name=model]").select_option("qwen3-8b")
+    form.locator("input[name=max_model_len]").fill("32768")
+    form.locator("select[name=kv_cache_dtype]").select_option("fp8")
+    page.wait_for_function("location.search.includes('max_model_len=32768')")
+    assert "model=qwen3-8b" in page.url and "kv_cache_dtype=fp8" in page.url
+    page.evaluate(NAVIGATE, base_url + "labs/")
+    page.wait_for_url(base_url + "labs/")
+    page.go_back()
+    page.wait_for_url(re.compile(r"labs/kv-sizing/\?"))
+    expect(page.locator("[data-kv-calculator] select[name=model]")).to_have_value("qwen3-8b")
+    expect(page.locator("[data-kv-calculator] input[name=max_model_len]")).to_have_value("32768")
+    expect(page.locator("[data-kv-calculator] select[name=kv_cache_dtype]")).to_have_value("fp8")
+    # A shared link opens with the same inputs.
+    page.goto(base_url + "labs/kv-sizing/?model=mistral-7b&max_model_len=16384&gpu=nonsense")
+    expect(page.locator("[data-kv-calculator] select[name=model]")).to_have_value("mistral-7b")
+    expect(page.locator("[data-kv-calculator] select[name=gpu]")).to_have_value("h200")
+    expect(page.locator(".kv-calculator__cards")).to_be_visible()
+
+
+def test_vram_budget_lesson_links_the_calculator(page, base_url):
+    page.goto(base_url + "lessons/part-2/vram-budget-max-concurrency/")
+    link = page.locator('article a[href$="labs/kv-sizing/#calculator"]')
+    assert link.count() >= 1
+    link.first.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)  # as a reader does: a click during the first scroll lands where the old page was
+    link.first.click()
+    page.wait_for_url(re.compile(r"labs/kv-sizing/#calculator$"))
+    expect(page.locator("[data-kv-calculator]")).to_be_in_viewport()
 
 
 def test_calculator_rejects_bad_input_with_a_message(page, base_url):

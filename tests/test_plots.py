@@ -129,3 +129,20 @@ def test_calculator_data_is_the_labs_data():
     assert "<script" not in html, "instant navigation re-runs every script it swaps in, JSON ones included"
     with pytest.raises(plots.PlotError, match="unknown model 'llama-9'"):
         plots.calculator_html(data, "llama-9", "h200", 8192)
+
+
+def test_calculator_quotes_vllms_refusal_past_the_models_length():
+    """The calculator's message past max_position_embeddings is the one vLLM 0.33 raises."""
+    data = plots.calculator_data(specs, formula, memory_budget, "0.33.0")
+    assert data["long_max_model_len_env"] == "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+    with pytest.raises(plots.PlotError, match="no environment variable VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+        plots.calculator_data(specs, formula, memory_budget, "0.33.0", {"env_vars": {}})
+    ours = data["max_model_len_error"].format(max_model_len=500000, limit=131072, env=data["long_max_model_len_env"])
+    model_config = pytest.importorskip("vllm.config.model")
+    from types import SimpleNamespace
+
+    arch = SimpleNamespace(derived_max_model_len_and_key=(131072, "max_position_embeddings"))
+    with pytest.raises(ValueError) as refused:
+        model_config._get_and_verify_max_len(SimpleNamespace(model_type="llama", rope_parameters=None), arch,
+                                             None, 500000, False, None)
+    assert str(refused.value).startswith(ours)

@@ -405,7 +405,19 @@ def paged_attention_figures(path: Path | None = None, with_table: bool = True) -
 # ---------------------------------------------------------------------------
 
 
-def calculator_data(specs, formula, memory_budget, vllm_version: str) -> dict:
+# vLLM refuses a --max-model-len past the model's derived length unless this is 1
+# (vllm/config/model.py, _get_and_verify_max_len; labs/data/vllm.yaml env_vars).
+LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+# The first sentences of that refusal, as vLLM 0.33 words it (tests/test_plots.py checks them
+# against the installed vLLM); the calculator fills in the numbers.
+MAX_MODEL_LEN_ERROR = (
+    "User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
+    "(max_position_embeddings={limit} or model_max_length=None in model's config.json). "
+    "To allow overriding this maximum, set the env var {env}=1."
+)
+
+
+def calculator_data(specs, formula, memory_budget, vllm_version: str, facts: dict | None = None) -> dict:
     """Everything the in-page calculator needs, read from the same modules the Python lab uses.
 
     The calculator mirrors labs/kv_sizing/formula.py and memory_budget.budget in
@@ -414,8 +426,13 @@ def calculator_data(specs, formula, memory_budget, vllm_version: str) -> dict:
     once. Three values are exported already derived: a model's weight bytes
     (stated parameter count x bytes per parameter), a GPU's total memory as vLLM
     sees it (labs.specs `memory_bytes_budget`), and vLLM's per-GPU batch
-    defaults (memory_budget.vllm_batch_defaults).
+    defaults (memory_budget.vllm_batch_defaults). The environment variable
+    that lifts vLLM's cap at max_position_embeddings is named from the vLLM
+    facts file (`facts`), which the tests check against vLLM's source.
     """
+    env_name = LONG_MAX_MODEL_LEN_ENV
+    if facts is not None and env_name not in facts.get("env_vars", {}):
+        raise PlotError(f"the vLLM facts file has no environment variable {env_name}")
     models = {}
     for name, m in specs.all_models().items():
         models[name] = {
@@ -446,6 +463,8 @@ def calculator_data(specs, formula, memory_budget, vllm_version: str) -> dict:
         "non_torch": memory_budget.NON_TORCH_ESTIMATE,
         "non_torch_tp_extra": memory_budget.NON_TORCH_TP_EXTRA,
         "cudagraph": memory_budget.CUDAGRAPH_ESTIMATE,
+        "long_max_model_len_env": env_name,
+        "max_model_len_error": MAX_MODEL_LEN_ERROR,
         "models": models,
         "gpus": gpus,
     }
