@@ -5,7 +5,8 @@ MkDocs calls these events in order: `on_config` loads and validates the bank
 expands the navigation; `on_files` adds one generated page per question plus
 the index pages; `on_page_markdown` ends every lesson with its Interview links
 and sources and appends the glossary's abbreviations to every page;
-`on_page_context` points a question page's edit link at its YAML file.
+`on_page_context` points a question page's edit link at its YAML file;
+`on_post_build` copies the build's plots (docs/.hooks/plotting.py) into the site.
 
 Kept apart from macros.py: one module cannot be both the macros module and a
 hook module (MkDocs and mkdocs-macros would both load it and the events clash).
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bank as bank_lib  # noqa: E402
 import bank_render as render  # noqa: E402
 import glossary  # noqa: E402
+import plotting  # noqa: E402
 import sections  # noqa: E402
 
 # Nav entries in mkdocs.yml that the hook expands into generated sections.
@@ -116,6 +118,7 @@ def _expand_nav(nav: list, expansions: dict[str, list]) -> list:
 
 
 def on_config(config):
+    plotting.reset_build()
     root = _root(config)
     try:
         bank = bank_lib.get_bank(root)
@@ -182,6 +185,16 @@ def on_page_markdown(markdown, page, config, files):
     if uri in _state["card_sections"]:
         markdown += "\n\n" + _section_cards(uri, Path(config.docs_dir))
     return markdown + "\n\n" + _state["abbreviations"]
+
+
+def on_post_build(config):
+    """Copy this build's plots (rendered or found in the cache by docs/.hooks/plotting.py) into the site."""
+    import shutil
+
+    target = Path(config.site_dir) / plotting.SITE_FOLDER
+    target.mkdir(parents=True, exist_ok=True)
+    for name, path in plotting.BUILT.items():
+        shutil.copyfile(path, target / name)
 
 
 def on_page_context(context, page, config, nav):
