@@ -8,6 +8,7 @@ files, while code is wrapped in `{% raw %}` and never passes through Jinja.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import os
@@ -90,17 +91,58 @@ class LabOutputError(RuntimeError):
     pass
 
 
+def _labs_fingerprint(root: Path) -> str:
+    """A hash of every file under labs/ (code, data, results): what a lab's output can depend on."""
+    digest = hashlib.sha256()
+    for path in sorted((root / "labs").rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".json", ".txt") \
+                and "__pycache__" not in path.parts:
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _run_lab(root: Path, command: str) -> str:
+    args = shlex.split(command)
+    assert args[:2] == ["python", "-m"], command
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, *args[1:]], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise LabOutputError(f"`{command}` exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    return proc.stdout.rstrip()
+
+
+LAB_CACHE_STATS = {"run": 0, "cached": 0}
+
+
+def run_lab_cached(root: Path, command: str) -> str:
+    """A torch-free lab's output, run once per content of labs/ and command, then read from the cache.
+
+    The key is the command, the Python version and a hash of every file under
+    labs/, so an edit to any lab, data or results file runs the labs again; the
+    cache lives with the build's other caches (docs/.hooks/assets.py cache_dir).
+    """
+    import assets
+
+    key = hashlib.sha256("\0".join([command, sys.version, _labs_fingerprint(root)]).encode()).hexdigest()[:24]
+    path = assets.cache_dir() / "lab-output" / f"{key}.txt"
+    if path.is_file():
+        LAB_CACHE_STATS["cached"] += 1
+        return path.read_text(encoding="utf-8")
+    out = _run_lab(root, command)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(out, encoding="utf-8")
+    tmp.replace(path)  # a failed or interrupted run leaves no entry
+    LAB_CACHE_STATS["run"] += 1
+    return out
+
+
 def lab_output(root: Path, command: str, output: str) -> str:
     """What the page shows under a lab command: never typed by hand."""
     if output == "run":
-        args = shlex.split(command)
-        assert args[:2] == ["python", "-m"], command
-        env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.run([sys.executable, *args[1:]], cwd=root, env=env,
-                              capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise LabOutputError(f"`{command}` exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-        return proc.stdout.rstrip()
+        return run_lab_cached(root, command)
     path_part, _, key = output.partition("#")
     path = root / path_part
     if not path.is_file():
