@@ -187,7 +187,7 @@ def _question_with_lesson(bank) -> bank_lib.BankQuestion:
 
 def _plain(html_text: str) -> str:
     """What a reader reads: no tags, no TeX source, no code; a removed piece breaks the phrase there."""
-    text = re.sub(r"<code>.*?</code>|\\\(.*?\\\)|\\\[.*?\\\]", " | ", html_text, flags=re.S)
+    text = re.sub(r"<code[^>]*>.*?</code>|\\\(.*?\\\)|\\\[.*?\\\]", " | ", html_text, flags=re.S)
     return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", text)))
 
 
@@ -557,17 +557,234 @@ def test_calculator_rejects_bad_input_with_a_message(page, base_url):
     assert "not divisible by tensor parallel size 8" in page.locator(".kv-calculator__verdict--error").inner_text()
 
 
-def test_plots_follow_the_colour_scheme(page, base_url):
+@pytest.mark.parametrize("width", [1280, 390])
+def test_plots_follow_the_colour_scheme(page, base_url, width):
+    """One matplotlib SVG per scheme: Material shows the light one in light mode and the dark one in dark."""
+    page.set_viewport_size({"width": width, "height": 900})
     page.goto(base_url + "reference/rooflines/")
-    roofs = page.locator("svg.plot--roofline")
-    assert roofs.count() >= 2, "one roofline per GPU"
-    light = roofs.first.locator("text").first.evaluate("e => getComputedStyle(e).fill")
+    figure = page.locator("figure.plot-figure").first
+    light, dark = figure.locator('img[src$="#only-light"]'), figure.locator('img[src$="#only-dark"]')
+    assert page.locator("figure.plot-figure").count() >= 5, "one roofline per GPU"
+    figure.scroll_into_view_if_needed()
+    expect(light).to_be_visible()
+    expect(dark).to_be_hidden()
+    assert light.evaluate("img => img.complete && img.naturalWidth > 0"), "the light SVG did not load"
+    shot(page, f"roofline-light-{width}")
     page.locator("form[data-md-component=palette] label:visible").first.click()
-    page.wait_for_timeout(200)
-    dark = roofs.first.locator("text").first.evaluate("e => getComputedStyle(e).fill")
-    assert light != dark, "plot text keeps one colour in light and dark mode"
-    roofs.first.scroll_into_view_if_needed()
-    roofs.first.screenshot(path=str(SCREENSHOTS / "roofline-dark.png"))
+    expect(dark).to_be_visible()
+    expect(light).to_be_hidden()
+    page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=dark.element_handle())
+    figure.scroll_into_view_if_needed()
+    shot(page, f"roofline-dark-{width}")
+
+
+# The smallest on-screen text of every diagram and plot on the page: a diagram's
+# text in its (open) shadow root, scaled from its viewBox to its drawn width; a
+# plot's text read from its SVG file, scaled the same way from the <img>'s width.
+MEASURE_TEXT = """async () => {
+  const out = [];
+  const smallest = (root, scale) => {
+    let min = Infinity, text = "";
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const el = node.parentElement;
+      if (!node.textContent.trim() || !el || el.closest("style, title, desc")) continue;
+      const box = el.getBoundingClientRect();
+      if (!box.width && !box.height) continue;
+      const px = parseFloat(getComputedStyle(el).fontSize) * scale;
+      if (px < min) { min = px; text = node.textContent.trim().slice(0, 40); }
+    }
+    return { min, text };
+  };
+  document.querySelectorAll("div.mermaid").forEach((host, i) => {
+    const svg = host.shadowRoot && host.shadowRoot.querySelector("svg");
+    if (!svg) { out.push({ kind: "diagram", i, min: 0, text: "(no open shadow root to measure)" }); return; }
+    const scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+    out.push({ kind: "diagram", i, ...smallest(svg, scale), scrolls: host.scrollWidth > host.clientWidth + 1,
+               cue: !!(host.previousElementSibling && host.previousElementSibling.matches(".scroll-cue--shown")) });
+  });
+  for (const [i, img] of [...document.querySelectorAll("img.plot-img")].entries()) {
+    const width = img.getBoundingClientRect().width;
+    if (!width) continue;  // the other scheme's variant
+    const doc = new DOMParser().parseFromString(await (await fetch(img.src)).text(), "image/svg+xml");
+    const scale = width / Number(doc.documentElement.getAttribute("viewBox").split(/\\s+/)[2]);
+    let min = Infinity, text = "";
+    doc.querySelectorAll("text").forEach(t => {
+      const size = parseFloat((/font-size:\\s*([\\d.]+)px/.exec(t.getAttribute("style") || "") || [])[1]);
+      if (size * scale < min) { min = size * scale; text = t.textContent.trim().slice(0, 40); }
+    });
+    const frame = img.parentElement;
+    out.push({ kind: "plot", i, name: img.dataset.plot, min, text, scrolls: frame.scrollWidth > frame.clientWidth + 1,
+               cue: !!(frame.previousElementSibling && frame.previousElementSibling.matches(".scroll-cue--shown")) });
+  }
+  return out;
+}"""
+MIN_TEXT_PX = 11
+
+
+def _pages_with_figures(site: Path) -> list[str]:
+    pages = []
+    for path in sorted(site.rglob("index.html")):
+        text = path.read_text(encoding="utf-8")
+        if 'class="mermaid"' in text or 'class="plot-img"' in text:
+            rel = path.parent.relative_to(site).as_posix()
+            pages.append("" if rel == "." else rel + "/")
+    return pages
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_no_text_in_a_diagram_or_plot_renders_below_11_px(page, base_url, site, width):
+    """Every diagram and plot on every page, as drawn: its smallest text at least 11 px on screen.
+
+    Where a figure would have to shrink further to fit, it keeps its size and
+    scrolls, and the page says so above it.
+    """
+    page.set_viewport_size({"width": width, "height": 900})
+    small, unmarked, measured = [], [], 0
+    for url in _pages_with_figures(site):
+        page.goto(base_url + url)
+        page.wait_for_function("document.querySelectorAll('pre.mermaid').length === 0")
+        page.wait_for_function("[...document.querySelectorAll('img.plot-img')].every(i => i.complete)")
+        page.evaluate("window.scrollCue.checkAll()")
+        page.wait_for_timeout(50)
+        for fig in page.evaluate(MEASURE_TEXT):
+            measured += 1
+            if fig["min"] < MIN_TEXT_PX:
+                small.append(f"{url} {fig['kind']} {fig.get('name', fig['i'])}: {fig['min']:.1f} px ({fig['text']!r})")
+            if fig["scrolls"] and not fig["cue"]:
+                unmarked.append(f"{url} {fig['kind']} {fig.get('name', fig['i'])} scrolls with no cue")
+        assert not page.evaluate("document.documentElement.scrollWidth > window.innerWidth"), \
+            f"{url} scrolls sideways at {width} px"
+    assert measured >= 10, f"only {measured} figures measured"
+    assert not small, f"text below {MIN_TEXT_PX} px at {width} px wide:\n" + "\n".join(small)
+    assert not unmarked, "\n".join(unmarked)
+    page.goto(base_url + "lessons/part-0/kv-cache-throughput-ceiling/")
+    page.wait_for_function("document.querySelectorAll('pre.mermaid').length === 0")
+    page.locator("div.mermaid").first.scroll_into_view_if_needed()
+    shot(page, f"diagram-{width}")
+
+
+def _page_with_widest_equation(site: Path) -> str:
+    """The page whose longest display equation (by TeX source) is the longest on the site."""
+    best = (0, "")
+    for path in sorted(site.rglob("index.html")):
+        for tex in re.findall(r'<div class="arithmatex">(.*?)</div>', path.read_text(encoding="utf-8"), re.S):
+            rel = path.parent.relative_to(site).as_posix()
+            best = max(best, (len(tex), "" if rel == "." else rel + "/"))
+    assert best[0], "no display equation on the site"
+    return best[1]
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_wide_equations_and_tables_scroll_inside_their_frame_with_a_cue(page, base_url, site, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(base_url + _page_with_widest_equation(site))
+    page.wait_for_function("[...document.querySelectorAll('.arithmatex')].every(e => e.dataset.typeset)")
+    page.evaluate("window.scrollCue.checkAll()")
+    page.wait_for_timeout(50)
+    frames = page.locator("div.arithmatex, .md-typeset__scrollwrap").evaluate_all("""els => els.map(e => ({
+        over: e.scrollWidth > e.clientWidth + 1, overflowX: getComputedStyle(e).overflowX,
+        cue: !!(e.previousElementSibling && e.previousElementSibling.matches('.scroll-cue--shown'))}))""")
+    assert frames
+    assert all(f["overflowX"] in ("auto", "scroll") for f in frames), frames
+    assert all(f["cue"] for f in frames if f["over"]), "a frame scrolls with no cue"
+    assert not page.evaluate("document.documentElement.scrollWidth > window.innerWidth"), "the page scrolls sideways"
+    if width == 390:
+        assert any(f["over"] for f in frames), "nothing wider than a phone here: the cue went untested"
+        cue = page.locator(".scroll-cue--shown").first
+        cue.scroll_into_view_if_needed()
+        expect(cue).to_be_visible()
+    shot(page, f"equations-and-tables-{width}")
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_results_table_fits_and_file_names_stay_whole(page, base_url, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(base_url + "labs/paged-attention/")
+    compact = page.locator("#measured-results ~ .md-typeset__scrollwrap").first
+    compact.scroll_into_view_if_needed()
+    headers = compact.locator("th").all_inner_texts()
+    assert "Time ÷ SDPA" in headers and "Of copy" in headers and "Floor (µs)" in headers
+    if width == 1280:
+        assert compact.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the compact results table does not fit"
+    full = page.locator("details", has_text="Every column").first
+    full.locator("summary").click()
+    expect(full.locator("table")).to_be_visible()
+    assert full.locator("thead th").count() == 11
+    shot(page, f"paged-attention-table-{width}")
+    broken = []
+    for url in ("labs/kv-sizing/", "labs/paged-attention/"):
+        page.goto(base_url + url)
+        broken += page.locator("article table td code").evaluate_all("""els => els
+            .filter(e => !/\\s/.test(e.textContent.trim()) && e.getClientRects().length > 1)
+            .map(e => e.textContent)""")
+    assert not broken, f"names broken across lines at {width} px: {broken}"
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_section_indexes_are_cards_and_counts_are_honest(page, base_url, bank, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    for url, at_least in (("labs/", 3), ("reference/", 4), ("lessons/part-0/", 3)):
+        page.goto(base_url + url)
+        cards = page.locator(".section-cards > ul > li")
+        assert cards.count() >= at_least, f"{url}: {cards.count()} cards"
+        for i in range(cards.count()):
+            card = cards.nth(i)
+            expect(card.locator("a").first).to_be_visible()
+            assert len(card.inner_text().split()) >= 6, f"{url}: card {i} has no line about its page"
+        assert not page.evaluate("document.documentElement.scrollWidth > window.innerWidth"), url
+        shot(page, f"index-{url.strip('/').replace('/', '-')}-{width}")
+    written = [m for m in bank.modules if bank.lessons_of(m.part)]
+    for url in ("", "lessons/", "404.html"):
+        page.goto(base_url + url)
+        text = page.locator("article").inner_text()
+        if len(written) < len(bank.modules):
+            assert "Nine modules" not in text and "planned" in text, url
+    page.goto(base_url + "labs/")
+    page.locator(".section-cards a").first.click()
+    expect(heading(page)).to_contain_text("Lab")
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_interview_links_come_before_sources(page, base_url, bank, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    lesson = next(lesson for lesson in bank.lessons.values() if lesson.meta.sources and bank.links.get(lesson.id))
+    page.goto(base_url + _url_of(lesson.src_uri))
+    links, sources = page.locator("#interview-links"), page.locator("#sources")
+    assert links.bounding_box()["y"] < sources.bounding_box()["y"]
+    links.scroll_into_view_if_needed()
+    shot(page, f"interview-links-{width}")
+
+
+SEARCHES = [
+    # (query as typed, what each of the first results holds: the name as written, or its other spelling)
+    ("--max-num-seqs", ("--max-num-seqs", "max_num_seqs")),
+    ("vllm:num_requests_waiting", ("vllm:num_requests_waiting",)),
+    ("max_num_batched_tokens", ("max_num_batched_tokens", "--max-num-batched-tokens")),
+]
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_search_finds_flags_metrics_and_fields(page, base_url, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    warnings = []
+    page.on("console", lambda msg: msg.type == "warning" and warnings.append(msg.text))
+    for query, spellings in SEARCHES:
+        page.goto(base_url)
+        page.keyboard.press("/")
+        box = page.locator("input.md-search__input")
+        box.press_sequentially(query, delay=10)  # every prefix is searched as it is typed
+        results = page.locator(".md-search-result__list > li > a")
+        results.first.wait_for(state="visible")
+        page.wait_for_function("q => document.querySelector('.md-search-result__meta').textContent.match(/\\d/)",
+                               arg=query)
+        hrefs = results.evaluate_all("links => links.slice(0, 3).map(a => a.href.split('?')[0].split('#')[0])")
+        for href in hrefs:
+            text = html.unescape(page.request.get(href).text())
+            assert any(s in text for s in spellings), f"{query!r}: result {href} holds none of {spellings}"
+        if query == SEARCHES[0][0]:
+            shot(page, f"search-flag-{width}")
+    assert not [w for w in warnings if "QueryParseError" in w or "Invalid query" in w], warnings
 
 
 NAVIGATE = """url => {

@@ -14,6 +14,7 @@ hook module (MkDocs and mkdocs-macros would both load it and the events clash).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -185,6 +186,15 @@ def on_page_markdown(markdown, page, config, files):
     if uri in _state["card_sections"]:
         markdown += "\n\n" + _section_cards(uri, Path(config.docs_dir))
     return markdown + "\n\n" + _state["abbreviations"]
+
+
+# Inline code that is one token (a file name, a flag, a shape name) with nothing to break at
+# but its hyphens: docs/stylesheets/extra.css keeps it on one line inside tables.
+_ONE_TOKEN_CODE = re.compile(r"<code>([^<\s]{1,80})</code>")
+
+
+def on_page_content(html, page, config, files):
+    return _ONE_TOKEN_CODE.sub(r'<code class="code-token">\1</code>', html)
 
 
 def on_post_build(config):

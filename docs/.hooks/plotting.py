@@ -211,7 +211,7 @@ def figure_html(rendered: Rendered, page_url: str, title: str, caption: str, tab
         imgs.append(
             f'<img class="plot-img" src="{html.escape(src)}#only-{theme.name}" alt="{html.escape(title)}" '
             f'width="{rendered.width_px:.0f}" style="min-width: {rendered.min_width_px:.0f}px" '
-            f'data-plot="{html.escape(rendered.name)}" loading="lazy">'
+            f'data-plot="{html.escape(rendered.name)}">'
         )
     return (
         f'<figure class="plot-figure" data-plot="{html.escape(rendered.name)}">\n'
