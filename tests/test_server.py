@@ -5,8 +5,7 @@ blocks must come back). A tiny random-weight model on the CPU; each test sends a
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import time
 
 import pytest
 
@@ -151,6 +150,13 @@ def test_metrics_count_finished_requests(server, client):
 
 def test_api_key_guards_v1_only_and_admission_control():
     llm = tiny_llm(max_num_seqs=1)
+    step = llm.step
+
+    def slow_step():  # 20 ms a step: the held request is still running when the next one comes
+        time.sleep(0.02)
+        return step()
+
+    llm.step = slow_step
     app = build_app(llm, api_keys=["sesame"], max_num_queued_reqs=1)
     with running(app) as url:
         bad = openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
@@ -165,7 +171,8 @@ def test_api_key_guards_v1_only_and_admission_control():
         body = {"model": MODEL, "prompt": "b" * 8, "max_tokens": 200, "ignore_eos": True, "stream": True}
         with httpx.Client(timeout=30, headers={"Authorization": "Bearer sesame"}) as h:
             with h.stream("POST", url + "/v1/completions", json=body) as r:
-                next(r.iter_lines())
+                lines = r.iter_lines()  # kept: a dropped iterator closes the stream, which is a disconnect
+                next(lines)
                 with pytest.raises(openai.InternalServerError) as err:
                     good.completions.create(model=MODEL, prompt="c", max_tokens=1)
                 assert err.value.status_code == 503
@@ -173,12 +180,16 @@ def test_api_key_guards_v1_only_and_admission_control():
         assert parse_metrics(httpx.get(url + "/metrics").text)[rej] == 1
 
 
-def test_cli_refuses_bad_arguments():
-    for args, word in ([["--port", "70000"], "--port"], [["--max-num-seqs", "0"], "--max-num-seqs"],
-                       [["--tiny", "--weights", "."], "--tiny"]):
-        r = subprocess.run([sys.executable, "-m", "labs.server", *args], capture_output=True, text=True, timeout=60)
-        assert r.returncode == 2 and word in r.stderr and len(r.stderr.strip().splitlines()) == 1
-        assert "Traceback" not in r.stderr
+@pytest.mark.parametrize("args, word", [(["--port", "70000"], "--port"), (["--max-num-seqs", "0"], "--max-num-seqs"),
+                                        (["--tiny", "--weights", "."], "--tiny"), (["--dtype", "int3"], "--dtype"),
+                                        (["--max-num-queued-reqs", "-1"], "--max-num-queued-reqs")])
+def test_cli_refuses_bad_arguments(capsys, args, word):
+    from labs.server.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and word in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 def test_metric_names_are_vllms():
