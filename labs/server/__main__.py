@@ -48,6 +48,8 @@ def parser() -> cli.Parser:
                    "default: $VLLM_API_KEY if set")
     s.add_argument("--max-num-queued-reqs", type=cli.bounded_int(1, 1 << 20),
                    help="refuse (503) a request beyond this many in flight (default: no limit)")
+    s.add_argument("--no-warmup", action="store_true",
+                   help="skip the start-up pass that captures every decode batch bucket's CUDA graph")
     s.add_argument("--uvicorn-log-level", default="warning",
                    choices=("critical", "error", "warning", "info", "debug", "trace"))
     return p
@@ -73,6 +75,21 @@ def build_llm(a):
                block_size=a.block_size, num_blocks=a.num_blocks)
 
 
+def warm_up(llm) -> None:
+    """Run each decode batch bucket once before serving, so no request pays for a graph capture or a kernel compile.
+
+    b requests of 3 tokens each give one prefill step and then decode steps of exactly b
+    rows: the bucket for b is captured there (labs/engine/runner.py captures on first use).
+    """
+    from labs.engine import SamplingParams
+    from labs.engine.runner import batch_buckets
+
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    for b in batch_buckets(llm.config.max_num_seqs):
+        llm.generate([[1, 2, 3]] * b, params)
+    llm.steps.clear()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     a = p.parse_args(argv)
@@ -89,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         llm = build_llm(a)
     except ConfigError as exc:
         return cli.fail(str(exc))
+    if not a.no_warmup and llm.device.type == "cuda":
+        warm_up(llm)
     keys = a.api_key or ([os.environ["VLLM_API_KEY"]] if os.environ.get("VLLM_API_KEY") else None)
 
     import uvicorn
