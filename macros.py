@@ -60,6 +60,47 @@ def gib(n_bytes: float, digits: int = 1) -> str:
     return f"{num(n_bytes / 2**30, digits)} GiB"
 
 
+def gb(n_bytes: float, digits: int = 1) -> str:
+    """Decimal gigabytes, the unit bandwidth and datasheets use: 15009849344 -> '15.0 GB'."""
+    return f"{num(n_bytes / 1e9, digits)} GB"
+
+
+def ms(seconds: float, digits: int = 2) -> str:
+    return f"{num(seconds * 1e3, digits)} ms"
+
+
+def sec(seconds: float, digits: int = 1) -> str:
+    return f"{num(seconds, digits)} s"
+
+
+def us(seconds: float, digits: int = 1) -> str:
+    return f"{num(seconds * 1e6, digits)} µs"
+
+
+def gflop(flops: float, digits: int = 1) -> str:
+    return f"{num(flops / 1e9, digits)} GFLOP"
+
+
+def tflop(flops: float, digits: int = 1) -> str:
+    return f"{num(flops / 1e12, digits)} TFLOP"
+
+
+def tbps(bytes_per_s: float, digits: int = 2) -> str:
+    return f"{num(bytes_per_s / 1e12, digits)} TB/s"
+
+
+def pct(fraction: float, digits: int = 0) -> str:
+    """A fraction as a percentage: 0.934 -> '93%'."""
+    return f"{num(fraction * 100, digits)}%"
+
+
+def fit(count: float) -> str:
+    """A count of things that must fit (requests, blocks, tokens): rounded down, never to nearest."""
+    import math
+
+    return num(math.floor(count + 1e-9))
+
+
 def _fmt_value(value: Any) -> str:
     if isinstance(value, bool):
         return str(value)  # Python spelling, as vLLM's Python API takes it
@@ -105,9 +146,10 @@ def define_env(env):
     env.macro(lambda name: _specs().get_gpu(name), "gpu")
     env.macro(kv_bytes_per_token)
     env.macro(bytes_per_block)
-    for fn in (num, kib, mib, gib):
+    for fn in (num, kib, mib, gib, gb, sec, ms, us, gflop, tflop, tbps, pct, fit):
         env.macro(fn)
         env.filter(fn)
+    register_cost_macros(env)
     register_plot_macros(env)
     register_vllm_macros(env)
     register_lab_reports(env)
@@ -138,6 +180,155 @@ def bytes_per_block(model_name: str, block_size: int | None = None, kv_dtype: st
 
     size = block_size if block_size is not None else labs.vllm_facts.resolved_default("block_size")
     return formula(_specs().get_model(model_name), size, kv_dtype)
+
+
+NUMBERS_GPUS = ("a100-80gb", "h100-sxm", "h200", "b200")
+
+
+def numbers_table(gpu: str, max_model_len: int = 8192, context: int = 1024, models: list[str] | None = None) -> str:
+    """The "numbers to know" rows of one GPU: every model at the fewest GPUs that hold one request (labs.roofline)."""
+    from labs import roofline
+
+    specs = _specs()
+    g = specs.get_gpu(gpu)
+    upper = g.memory_mib_cuda is None
+    mark = "≤ " if upper else ""
+    lines = ["| Model | TP to fit | Weights per GPU | KV per token per GPU | Decode floor, B = 1 | "
+             "Ridge, prefill tokens | KV pool per GPU | Tokens in pool | Requests at full L |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in models or list(specs.all_models()):
+        m = specs.get_model(name)
+        d = roofline.smallest_tp(m, g, max_model_len)
+        if d is None:
+            lines.append(f"| {m.display_name} | > 8 | | | | | | | |")
+            continue
+        pool = d.kv_pool(max_model_len)
+        lines.append(
+            f"| {m.display_name} | {d.tp} | {gb(d.weight_bytes())} | {kib(d.kv_bytes_per_token(), 0)} "
+            f"| {ms(d.decode(1, context).floor_s)} | {num(d.ridge().prefill_tokens)} "
+            f"| {mark}{gib(pool.kv_pool)} | {mark}{fit(pool.token_slots)} | {mark}{fit(pool.max_concurrency)} |")
+    basis = (f"nvidia-smi's total ({num(g.memory_mib_reported)} MiB, reported in public logs): cudaMemGetInfo's, "
+             "which vLLM budgets from, has not been measured on this GPU and is a few hundred MiB lower, so the "
+             "pool columns (marked ≤) are upper bounds" if upper else
+             f"the cudaMemGetInfo total measured on this project's {g.display_name} ({num(g.memory_mib_cuda)} MiB)")
+    bw = roofline.bandwidth(g, "datasheet")
+    lines += ["", f"{g.display_name}: {bw.label}, {num(g.dense_tflops['bf16'], 1)} TFLOP/s dense bf16"
+                  + (f", {num(g.dense_tflops['fp8'])} fp8" if g.dense_tflops.get("fp8") else ", no fp8 tensor cores")
+                  + f". Memory: {basis}. Decode floor: one sequence at {num(context)} tokens of context, datasheet "
+                  f"bandwidth. Pool: vLLM {vllm_facts()['version']} defaults, max_model_len {num(max_model_len)}."]
+    return "\n".join(lines)
+
+
+def gpu_numbers_table(gpus: tuple[str, ...] = NUMBERS_GPUS) -> str:
+    """Per GPU: the two bandwidths, the dense rates, the ridge point and the memory vLLM budgets from."""
+    from labs import roofline
+
+    specs = _specs()
+    lines = ["| GPU | HBM bandwidth (datasheet) | Copy bandwidth (measured) | Dense bf16 | Dense fp8 "
+             "| Ridge, bf16 | Memory vLLM budgets from |", "|---|---:|---:|---:|---:|---:|---|"]
+    for name in gpus:
+        g = specs.get_gpu(name)
+        measured = (roofline.bandwidth(g, "measured").label if roofline.has_measured_bandwidth(g)
+                    else "not measured")
+        fp8 = f"{num(g.dense_tflops['fp8'])} TFLOP/s" if g.dense_tflops.get("fp8") else "none"
+        ridge = roofline.deployment("llama-3.1-8b", g).ridge().flop_per_byte
+        memory = (f"{mib(g.memory_bytes_budget, 0)} (cudaMemGetInfo, measured)" if g.memory_mib_cuda else
+                  f"≤ {mib(g.memory_bytes_budget, 0)} (nvidia-smi's; cudaMemGetInfo's not measured)")
+        lines.append(f"| {g.display_name} | {g.hbm_bandwidth_tbps:g} TB/s | {measured} "
+                     f"| {num(g.dense_tflops['bf16'], 1)} TFLOP/s | {fp8} | {num(ridge)} FLOP/byte | {memory} |")
+    return "\n".join(lines)
+
+
+def model_numbers_table(gpu: str = "h200") -> str:
+    """Per model, whole model on one rank: parameters, weight bytes, KV bytes per token, prefill and decode work."""
+    from labs import roofline
+
+    specs = _specs()
+    lines = ["| Model | Parameters (total / active) | Weights | KV per token, bf16 / fp8 | Matmul FLOPs per decode token "
+             "| Attention |", "|---|---:|---:|---:|---:|---|"]
+    for name, m in specs.all_models().items():
+        d = roofline.deployment(m, gpu)
+        split = d.params
+        active = f" / {num(split.active / 1e9, 1)}B" if m.moe is not None else ""
+        kv8 = roofline.deployment(m, gpu, kv_dtype="fp8").kv_bytes_per_token()
+        lines.append(f"| {m.display_name} | {num(m.params / 1e9, 1)}B{active} "
+                     f"| {gb(d.weight_bytes())} ({m.weight_dtype or m.serving_dtype}) "
+                     f"| {kib(d.kv_bytes_per_token(), 0)} / {kib(kv8, 0)} | {gflop(d.decode(1, 0).flops)} "
+                     f"| {m.attention.upper()}" + (", sliding window" if m.sliding_window else "") + " |")
+    return "\n".join(lines)
+
+
+def register_cost_macros(env) -> None:
+    """The cost model (labs/roofline.py) for pages: every FLOP, byte, floor, ridge and pool a page shows.
+
+        {% set d = cost("llama-3.1-70b", "h100-sxm", tp=4) %}
+        {{ d.decode(64, 1024).floor_s | ms }}, ridge {{ d.ridge().prefill_tokens | num }} tokens,
+        pool {{ d.kv_pool(8192).kv_pool | gib }}
+
+    `bandwidth="measured"` uses the copy bandwidth the labs recorded on that GPU
+    instead of the datasheet's; a page says which one its number uses.
+    """
+    from labs import roofline
+
+    @env.macro
+    def cost(model: str = "llama-3.1-8b", gpu: str = "h200", tp: int = 1, kv_dtype: str = "auto",
+             weight_dtype: str | None = None, bandwidth: str = "datasheet", gemm_tflops: float | None = None):
+        try:
+            return roofline.deployment(model, gpu, tp=tp, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
+                                       bandwidth=bandwidth, gemm_tflops=gemm_tflops)
+        except _specs().SpecError as err:
+            raise MacroError(f"cost({model!r}, {gpu!r}): {err}") from None
+
+    @env.macro
+    def chunk(new: int, cached: int = 0, samples: bool = True):
+        """One sequence's share of a mixed step, for cost(...).mixed([...])."""
+        return roofline.Chunk(new, cached, samples)
+
+    @env.macro
+    def smallest_tp(model: str, gpu: str, max_model_len: int, **fields):
+        """The cost(...) deployment with the fewest GPUs whose KV pool holds one max_model_len request, or None."""
+        return roofline.smallest_tp(_specs().get_model(model), _specs().get_gpu(gpu), max_model_len, **fields)
+
+    @env.macro
+    def spec_step(model: str = "llama-3.1-8b", gpu: str = "h200", drafter: str = "eagle", alpha: float = 0.7,
+                  k: int = 3, batch: int = 1, context: int = 1024) -> dict:
+        """One speculative-decoding step against a plain decode step, both costed by the cost model."""
+        from labs.serving_sim import spec_decode
+        from labs.serving_sim.cost import Chunk, Roofline
+
+        target = Roofline(_specs().get_model(model), _specs().get_gpu(gpu))
+        draft = spec_decode.make_drafter(drafter, target)
+        base = target.decode_step_time(batch, context)
+        verify = target.step_time([Chunk(k + 1, context)] * batch)
+        draft_s = draft.time(batch, context)
+        expected = spec_decode.expected_tokens(alpha, k)
+        return {
+            "expected_tokens": expected, "draft_ratio": spec_decode.draft_cost_ratio(target, draft, batch, context),
+            "speedup": spec_decode.speedup(target, draft, alpha, k, batch, context),
+            "base_s": base, "verify_s": verify, "draft_s": draft_s,
+            "verify_tokens": batch * (k + 1), "verify_only_speedup": expected * base / verify,
+            "user_tokens_per_s": 1 / base, "spec_user_tokens_per_s": expected / (k * draft_s + verify),
+            "layer_params": target.body_params // target.model.n_layers, "lm_head_params": target.lm_head_params,
+        }
+
+    @env.macro
+    def float_formats() -> list:
+        """The float formats labs/number_formats.py rounds to, with their range and precision."""
+        from labs import number_formats
+
+        return [f for f in number_formats.FORMATS if isinstance(f, number_formats.FloatFormat)]
+
+    @env.macro
+    def blocks(model: str, tokens: int, block_size: int | None = None) -> int:
+        """Blocks one request of `tokens` tokens holds (labs/kv_sizing/formula.py blocks_per_request)."""
+        from labs.kv_sizing import formula
+
+        m = _specs().get_model(model)
+        return formula.blocks_per_request(m, tokens, block_size or formula.default_block_size(m))
+
+    env.macro(numbers_table)
+    env.macro(gpu_numbers_table)
+    env.macro(model_numbers_table)
 
 
 def register_lab_reports(env) -> None:

@@ -43,6 +43,11 @@ class FloatFormat:
     def min_normal(self) -> float:
         return 2.0 ** (1 - self.bias)
 
+    @property
+    def gap_after_one(self) -> float:
+        """Distance from 1.0 to the next value: the relative precision, 2**-mantissa_bits."""
+        return 2.0 ** -self.man_bits
+
     def round(self, x) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
         mag = np.abs(x)
@@ -92,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     for f in FORMATS:
         if isinstance(f, FloatFormat):
             print(f"{f.name:<10} {f'1/{f.exp_bits}/{f.man_bits}':>10} {f.max_value:>12.6g} "
-                  f"{f.min_normal:>12.4g} {2.0 ** -f.man_bits:>13.6g}")
+                  f"{f.min_normal:>12.4g} {f.gap_after_one:>13.6g}")
         else:
             print(f"{f.name:<10} {f'{f.bits} int':>10} {'qmax*scale':>12} {'-':>12} {'scale':>13}")
 

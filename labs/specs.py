@@ -156,6 +156,11 @@ class ModelSpec:
         return "mha" if self.n_kv_heads == self.n_heads else "gqa"
 
     @property
+    def gqa_group(self) -> int:
+        """Query heads per KV head: 1 for MHA, n_heads for MQA (MLA: every head reads the one latent)."""
+        return self.n_heads if self.mla is not None else self.n_heads // self.n_kv_heads
+
+    @property
     def layer_kinds(self) -> tuple[str, ...]:
         """Attention kind of every layer, in order."""
         if self.sliding_window is None:
@@ -243,6 +248,7 @@ class GPUSpec:
     whitepaper: str = ""
     notes: str = ""
     memory_mib_cuda: int | None = None
+    cuda_name: str | None = None  # torch.cuda.get_device_name(), the key lab results are recorded under
 
     def __post_init__(self):
         if self.memory_mib_cuda is not None and not 0 < self.memory_mib_cuda <= self.memory_mib_reported:
@@ -334,7 +340,7 @@ def _load_gpus(path: str = str(GPUS_FILE)) -> dict[str, GPUSpec]:
         values = {k: _require(entry, k, where) for k in required}
         out[name] = GPUSpec(name=name, **values, l2_mb=entry.get("l2_mb"), nvlink_gbps=entry.get("nvlink_gbps"),
                             whitepaper=entry.get("whitepaper", ""), notes=entry.get("notes", ""),
-                            memory_mib_cuda=entry.get("memory_mib_cuda"))
+                            memory_mib_cuda=entry.get("memory_mib_cuda"), cuda_name=entry.get("cuda_name"))
     return out
 
 

@@ -135,12 +135,27 @@ class Budget:
     fits_one_request: bool
     estimated_max_model_len: int
     error: str | None
+    total_measured: bool = True  # False: no cudaMemGetInfo total recorded, nvidia-smi's used (an upper bound)
     estimates: dict = field(default_factory=dict)
     formula: list = field(default_factory=list)
     sources: tuple = SOURCES
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def runtime_overhead(self) -> int:
+        """Activation peak, non-torch memory and CUDA graphs together: what profiling takes beside the weights."""
+        return self.activation_peak + self.non_torch + self.cudagraph
+
+    def pool_for(self, requests: int) -> int:
+        """KV pool bytes that hold `requests` max_model_len requests at once (plus the null block)."""
+        return (requests * self.blocks_per_request + 1) * self.bytes_per_block
+
+    @property
+    def max_requests(self) -> int:
+        """Whole max_model_len requests the pool holds at once: max_concurrency rounded down."""
+        return self.num_blocks // self.blocks_per_request if self.blocks_per_request else 0
 
 
 def kv_check_message(max_model_len: int, needed: int, available: int, estimated_max_len: int) -> str:
@@ -200,11 +215,14 @@ def budget(
     non_torch: int | None = None,
     cudagraph: int | None = None,
     total_memory: int | None = None,
+    weights: int | None = None,
 ) -> Budget:
     """Itemise one rank's memory and size its KV pool as vLLM 0.33 does.
 
     `total_memory` overrides the GPU's driver-reported total (bytes), e.g. with
-    a measured `torch.cuda.mem_get_info()[1]`.
+    a measured `torch.cuda.mem_get_info()[1]`. `weights` overrides one rank's
+    weight bytes (default: the cost model's, labs.roofline.weight_bytes, at the
+    dtype vLLM loads).
     """
     if max_model_len is None:
         max_model_len = model.max_position_embeddings
@@ -244,7 +262,10 @@ def budget(
         )
     total = total_memory if total_memory is not None else gpu.memory_bytes_budget
     requested = math.ceil(total * gpu_memory_utilization)
-    weights = -(-model.weight_bytes // tp)
+    if weights is None:
+        from labs import roofline  # imported here: roofline builds on this module
+
+        weights = roofline.weight_bytes(roofline.Deployment(model, gpu, kv_dtype=kv_dtype, tp=tp))
 
     kv_pool = requested - weights - activation_peak - non_torch - cudagraph
     bpb = formula.bytes_per_block(model, block_size, kv_dtype, tp)
@@ -298,5 +319,6 @@ def budget(
         kv_head_replicas=formula.kv_head_replicas(model, tp),
         kv_cache_groups=[asdict(g) for g in formula.kv_cache_groups(model)],
         fits_one_request=error is None, estimated_max_model_len=est_len, error=error,
+        total_measured=total_memory is not None or gpu.memory_mib_cuda is not None,
         estimates=estimates, formula=lines,
     )

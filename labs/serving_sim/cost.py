@@ -1,54 +1,36 @@
-"""Roofline cost of one engine step: the time model every simulation here uses.
+"""Step time of an iteration-level engine, from the project's one cost model (labs/roofline.py).
 
-One step of an iteration-level engine runs one forward pass over every token
-the scheduler picked, whatever mix of prefill chunks and decode tokens that is.
-Its time is bounded below by two roofs:
+One step of an engine runs one forward pass over every token the scheduler
+picked, whatever mix of prefill chunks and decode tokens that is. Its time is
 
-    t_step = max(bytes moved / HBM bandwidth, FLOPs / dense bf16 FLOP/s) + overhead
+    t_step = max(bytes moved / bandwidth, FLOPs / dense FLOP/s) + overhead
 
-* Bytes: the weights are read once per step, however many tokens share them
-  (that is why decode is memory-bound and batching is nearly free); each
-  scheduled request reads the KV of its context and writes the KV of its new
-  tokens.
-* FLOPs: 2 per parameter per token for the matmuls (the LM head only for the
-  rows that sample a token, as vLLM computes logits only there), plus attention:
-  QK^T and PV are 4 * n_layers * H_q * d FLOPs per (query, key) pair, and a
-  chunk of n new tokens after c cached ones has n*c + n(n+1)/2 pairs (causal).
+with the bytes and FLOPs of `labs.roofline.mixed` (what counts is stated once,
+in that module's docstring: weights read once per step, LM head only on rows
+that sample, causal attention pairs, the embedding a lookup). This module only
+adapts it to the engines: a fixed `overhead_s` per step stands in for launch
+and CPU time, and the simulators call `step_time` every step. Its times are
+ideal lower bounds: compare policies with them, never quote them as measured.
 
-What it leaves out, on purpose: kernel efficiency below the roofs, launch and
-CPU overhead (a fixed `overhead_s` per step stands in), and communication
-(single GPU, TP 1). So its times are ideal lower bounds; compare policies with
-it, never quote its milliseconds as measured.
-
-Dense full-attention models only: MoE (which experts a batch touches), MLA and
-sliding-window layers change the byte count in ways this model does not track,
-so they are refused with a message rather than costed wrongly.
+The simulator's KV accounting (blocks of a uniform per-token size) models dense
+full-attention models only, so MoE, MLA and sliding-window models are refused
+here with a message, although the cost model itself costs them.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple
 
-from labs.kv_sizing.formula import kv_bytes_per_token
+from labs import roofline
+from labs.roofline import Chunk
 from labs.specs import GPUSpec, ModelSpec, SpecError
 
-
-class Chunk(NamedTuple):
-    """The work one request adds to a step: `new` tokens after `cached` ones.
-
-    `samples` is True when the chunk ends the request's known tokens, so the
-    step samples a token for it (a decode token, or the last prefill chunk).
-    """
-
-    new: int
-    cached: int
-    samples: bool = True
+__all__ = ["Chunk", "Roofline", "check_dense"]
 
 
 def check_dense(model: ModelSpec) -> None:
-    """Refuse models whose bytes per step this roofline does not model."""
+    """Refuse models whose KV the serving simulator does not account for."""
     kinds = []
     if model.moe is not None:
         kinds.append("MoE")
@@ -65,103 +47,79 @@ def check_dense(model: ModelSpec) -> None:
 
 @dataclass(frozen=True)
 class Roofline:
-    """Step-time model for one dense model on one GPU (TP 1)."""
+    """Step-time model for one dense model on one GPU (TP 1), as the engines call it."""
 
     model: ModelSpec
     gpu: GPUSpec
     kv_cache_dtype: str = "auto"
     overhead_s: float = 0.0
+    bandwidth_source: str = "datasheet"  # or "measured": the copy bandwidth the labs recorded
 
     def __post_init__(self):
         check_dense(self.model)
-        if self.gpu.dense_tflops.get("bf16") is None:
-            raise SpecError(f"{self.gpu.name} has no dense bf16 FLOP/s in labs/data/gpus.yaml")
         if self.overhead_s < 0:
             raise SpecError(f"step overhead must be >= 0 s, got {self.overhead_s}")
-
-    # --- parameters, split by how a step touches them -----------------------
+        self.deployment  # validates dtype, bandwidth source and compute rate now, not at the first step
 
     @functools.cached_property
+    def deployment(self) -> roofline.Deployment:
+        return roofline.Deployment(self.model, self.gpu, kv_dtype=self.kv_cache_dtype,
+                                   bandwidth=self.bandwidth_source)
+
+    # --- what spec_decode and the scenarios read -----------------------------
+
+    @property
     def lm_head_params(self) -> int:
-        return self.model.vocab_size * self.model.hidden_size
+        return self.deployment.params.lm_head
 
-    @functools.cached_property
+    @property
     def body_params(self) -> int:
         """Matmul parameters every token passes through: all but the embedding table and LM head."""
-        embeddings = self.lm_head_params * (1 if self.model.tie_word_embeddings else 2)
-        return self.model.params - embeddings
+        return self.deployment.params.body
 
-    @functools.cached_property
-    def weight_bytes_per_step(self) -> int:
+    @property
+    def weight_bytes_per_step(self) -> float:
         """Weights one step reads: the body and the LM head (an embedding lookup reads only its rows)."""
-        return (self.body_params + self.lm_head_params) * self.model.weight_bytes_per_param
+        return roofline.decode(self.deployment, 1, 0).weight_bytes
 
-    @functools.cached_property
+    @property
     def kv_bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.model, self.kv_cache_dtype)
+        return roofline.kv_bytes_per_token(self.deployment)
 
-    @functools.cached_property
+    @property
     def bandwidth(self) -> float:
-        """HBM bandwidth in bytes/s (datasheet)."""
-        return self.gpu.hbm_bandwidth_tbps * 1e12
+        """Bytes/s of the chosen bandwidth source."""
+        return self.deployment.memory_bandwidth.bytes_per_s
 
-    @functools.cached_property
+    @property
     def flops(self) -> float:
-        """Dense bf16 tensor FLOP/s (datasheet, no sparsity)."""
-        return self.gpu.dense_tflops["bf16"] * 1e12
+        """Dense tensor FLOP/s (datasheet, no sparsity)."""
+        return self.deployment.flops_per_s
 
     # --- one step ------------------------------------------------------------
 
     def step_bytes(self, chunks: list[Chunk]) -> float:
-        kv = sum(c.cached + c.new for c in chunks) * self.kv_bytes_per_token
-        return self.weight_bytes_per_step + kv
+        return roofline.mixed(self.deployment, chunks).bytes
 
     def step_flops(self, chunks: list[Chunk]) -> float:
-        m = self.model
-        tokens = sum(c.new for c in chunks)
-        rows = sum(1 for c in chunks if c.samples)
-        pairs = sum(c.new * c.cached + c.new * (c.new + 1) // 2 for c in chunks)
-        attention = 4 * m.n_layers * m.n_heads * m.head_dim * pairs
-        return 2 * self.body_params * tokens + 2 * self.lm_head_params * rows + attention
-
-    @functools.cached_property
-    def _attention_flops_per_pair(self) -> int:
-        m = self.model
-        return 4 * m.n_layers * m.n_heads * m.head_dim
+        return roofline.mixed(self.deployment, chunks).flops
 
     def step_time(self, chunks: list[Chunk]) -> float:
-        """Seconds for one forward pass over `chunks` (0 for an empty step).
-
-        Same arithmetic as step_bytes and step_flops, in one pass: the engines call it every step.
-        """
+        """Seconds for one forward pass over `chunks` (0 for an empty step)."""
         if not chunks:
             return 0.0
-        tokens = rows = kv = pairs = 0
-        for c in chunks:
-            tokens += c.new
-            rows += c.samples
-            kv += c.cached + c.new
-            pairs += c.new * c.cached + c.new * (c.new + 1) // 2
-        nbytes = self.weight_bytes_per_step + kv * self.kv_bytes_per_token
-        nflops = (2 * self.body_params * tokens + 2 * self.lm_head_params * rows
-                  + self._attention_flops_per_pair * pairs)
-        return max(nbytes / self.bandwidth, nflops / self.flops) + self.overhead_s
+        return roofline.mixed(self.deployment, chunks).floor_s + self.overhead_s
 
     def uniform_step_time(self, batch: int, new: int, cached: int) -> float:
         """One step of `batch` identical chunks (static batching's padded rows), in O(1)."""
         if batch < 1:
             return 0.0
-        m = self.model
-        nbytes = self.weight_bytes_per_step + batch * (cached + new) * self.kv_bytes_per_token
-        pairs = batch * (new * cached + new * (new + 1) // 2)
-        nflops = (2 * self.body_params * batch * new + 2 * self.lm_head_params * batch
-                  + 4 * m.n_layers * m.n_heads * m.head_dim * pairs)
-        return max(nbytes / self.bandwidth, nflops / self.flops) + self.overhead_s
+        return roofline.uniform(self.deployment, batch, Chunk(new, cached)).floor_s + self.overhead_s
 
     def decode_step_time(self, batch: int, context: int) -> float:
         """One decode step of `batch` requests, each with `context` tokens cached."""
         return self.uniform_step_time(batch, 1, context)
 
     def ridge_tokens(self) -> float:
-        """Tokens per step at which the matmuls turn compute-bound (weights only, no attention)."""
-        return self.weight_bytes_per_step / self.bandwidth * self.flops / (2 * self.body_params)
+        """Prompt tokens at which a prefill's matmuls turn compute-bound (labs.roofline.ridge)."""
+        return roofline.ridge(self.deployment).prefill_tokens

@@ -1,0 +1,255 @@
+"""The cost model (labs/roofline.py) against values derived by hand from the model and GPU data files.
+
+Each expected value is written out from config.json geometry and datasheet
+figures, not recomputed through the module, so a change to what counts (the
+embedding, the LM head, causal halving, MoE activity, MLA latents) fails here.
+"""
+
+import math
+from pathlib import Path
+
+import pytest
+
+from labs import roofline as r
+from labs.specs import get_gpu, get_model
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- Llama-3.1-8B on an H200, bf16, TP 1 -------------------------------------
+# params 8,030,261,248; embedding table = LM head = 128,256 x 4,096 = 525,336,576 (untied)
+L8_TABLE = 128_256 * 4_096
+L8_BODY = 8_030_261_248 - 2 * L8_TABLE  # 6,979,588,096: every token passes through these
+L8_KV = 32 * 2 * 8 * 128 * 2  # layers x (K,V) x KV heads x head dim x bytes = 131,072
+L8_PAIR = 4 * 32 * 32 * 128  # QK^T + PV, 2 x d each, per head per layer per (query, key) pair
+
+
+@pytest.fixture(scope="module")
+def l8():
+    return r.deployment("llama-3.1-8b", "h200")
+
+
+def test_llama8b_weights_and_kv(l8):
+    assert L8_BODY == 6_979_588_096
+    assert r.weight_bytes(l8) == 8_030_261_248 * 2
+    assert r.kv_bytes_per_token(l8) == L8_KV == 131_072
+
+
+def test_llama8b_decode_reads_weights_once_without_the_embedding(l8):
+    step = r.decode(l8, 1, 1024)
+    weights = (L8_BODY + L8_TABLE) * 2  # 15,009,849,344: the LM head is read, the input table is not
+    assert step.weight_bytes == weights == 15_009_849_344
+    assert step.kv_read_bytes == 1024 * L8_KV
+    assert step.kv_write_bytes == L8_KV
+    assert step.flops == 2 * (L8_BODY + L8_TABLE) + L8_PAIR * 1025
+    assert step.memory_s == pytest.approx((weights + 1025 * L8_KV) / 4.8e12)
+    assert step.bound == "memory"
+    assert step.floor_s == pytest.approx(3.155e-3, abs=1e-6)
+
+
+def test_llama8b_batched_decode_shares_the_weights(l8):
+    one, many = r.decode(l8, 1, 4096), r.decode(l8, 64, 4096)
+    assert many.weight_bytes == one.weight_bytes
+    assert many.kv_read_bytes == 64 * one.kv_read_bytes
+    assert many.flops == pytest.approx(64 * one.flops)
+
+
+def test_llama8b_prefill_is_causal_halved_and_samples_once(l8):
+    n = 2048
+    step = r.prefill(l8, n)
+    # LM head on the last row only; n(n+1)/2 causal pairs
+    assert step.flops == 2 * L8_BODY * n + 2 * L8_TABLE + L8_PAIR * n * (n + 1) // 2
+    assert step.kv_write_bytes == n * L8_KV and step.kv_read_bytes == 0
+    assert step.compute_s == pytest.approx(step.flops / 989.5e12)
+    assert step.bound == "compute"
+
+
+def test_llama8b_ridge(l8):
+    ridge = r.ridge(l8)
+    assert ridge.flop_per_byte == pytest.approx(989.5 / 4.8)  # 206.1
+    # decode batch B: 2 (body + head) B FLOPs against 2 (body + head) bytes: B = F / BW
+    assert ridge.decode_batch == pytest.approx(989.5 / 4.8, rel=1e-9)
+    # prefill of n: 2 body n + 2 head = F / BW x 2 (body + head)  ->  n = 221.6
+    n = (989.5e12 / 4.8e12 * 2 * (L8_BODY + L8_TABLE) - 2 * L8_TABLE) / (2 * L8_BODY)
+    assert ridge.prefill_tokens == pytest.approx(n, rel=1e-9)
+    assert round(ridge.prefill_tokens) == 222 and round(ridge.decode_batch) == 206
+
+
+def test_llama8b_pool_matches_the_recorded_h200_check(l8):
+    from labs import recorded
+
+    check = recorded.load_results(ROOT / "labs/results/kv_alloc_check.json").machine("NVIDIA H200")
+    expected = check.row(label="gqa-bf16")["budget"]
+    pool = r.kv_pool(l8, 8192)
+    # cudaMemGetInfo's 143,155 MiB (gpus.yaml; 150,109,880,320 bytes measured) x 0.92,
+    # less weights, activation peak, non-torch memory and CUDA graphs
+    assert pool.total_memory == 143_155 * 2**20 and pool.total_measured
+    assert pool.requested_memory == math.ceil(143_155 * 2**20 * 0.92)
+    assert pool.weights == 16_060_522_496
+    assert pool.kv_pool == pool.requested_memory - pool.weights - pool.activation_peak - pool.non_torch - pool.cudagraph
+    assert pool.kv_pool == pytest.approx(expected["kv_pool"], abs=2**20)  # the file rounds the total to MiB
+    assert pool.num_blocks == expected["num_blocks"] == 57_158
+
+
+def test_measured_bandwidth_is_the_recorded_copy_bandwidth():
+    measured = r.deployment("llama-3.1-8b", "h200", bandwidth="measured")
+    assert measured.memory_bandwidth.bytes_per_s == 4.24e12
+    assert measured.memory_bandwidth.source == "measured"
+    assert "2026-11-29" in measured.memory_bandwidth.label
+    datasheet = r.deployment("llama-3.1-8b", "h200")
+    assert r.decode(measured, 1, 0).memory_s == pytest.approx(r.decode(datasheet, 1, 0).memory_s * 4.8 / 4.24)
+    assert r.has_measured_bandwidth(get_gpu("h200")) and not r.has_measured_bandwidth(get_gpu("a100-80gb"))
+    with pytest.raises(r.CostModelError, match="no measured copy bandwidth for a100-80gb"):
+        r.deployment("llama-3.1-8b", "a100-80gb", bandwidth="measured").memory_bandwidth
+    with pytest.raises(r.CostModelError, match="bandwidth source must be one of datasheet, measured"):
+        r.deployment("llama-3.1-8b", "h200", bandwidth="peak")
+
+
+# --- Llama-3.1-70B on H100 SXM, TP 4 -----------------------------------------
+
+
+def test_llama70b_tp4_is_one_ranks_share():
+    dep = r.deployment("llama-3.1-70b", "h100-sxm", tp=4)
+    table = 128_256 * 8_192
+    assert r.weight_bytes(dep) == 70_553_706_496 * 2 // 4 == 35_276_853_248
+    # 8 KV heads over 4 ranks: 2 per rank
+    assert r.kv_bytes_per_token(dep) == 80 * 2 * 2 * 128 * 2 == 81_920
+    step = r.decode(dep, 8, 4096)
+    assert step.weight_bytes == (70_553_706_496 - table) * 2 / 4
+    assert step.kv_read_bytes == 8 * 4096 * 81_920
+    pair = 4 * 80 * 64 * 128
+    assert step.flops == pytest.approx((8 * 2 * (70_553_706_496 - table) + 8 * pair * 4097) / 4)
+    assert step.memory_s == pytest.approx(step.bytes / 3.35e12)
+    assert r.ridge(dep).flop_per_byte == pytest.approx(989.5 / 3.35)
+    pool = r.kv_pool(dep, 8192)
+    assert pool.weights == 35_276_853_248
+    assert not pool.total_measured  # no cudaMemGetInfo total recorded for the H100: nvidia-smi's, an upper bound
+    assert pool.total_memory == 81_559 * 2**20
+
+
+def test_tp_must_divide_the_heads():
+    with pytest.raises(r.SpecError, match="not divisible by tensor parallel size 3"):
+        r.deployment("llama-3.1-70b", "h100-sxm", tp=3)
+
+
+# --- Mixtral-8x7B: active vs total -------------------------------------------
+
+
+def test_mixtral_active_and_total():
+    dep = r.deployment("mixtral-8x7b", "h100-sxm")
+    routed = 32 * 8 * 3 * 4_096 * 14_336  # 45,097,156,608
+    table = 32_000 * 4_096
+    split = dep.params
+    assert split.routed_experts == routed
+    # Mistral's 12.9B "active" counts the input table; the FLOPs do not (it is a lookup)
+    assert split.active + table == 12_879_925_248 == get_model("mixtral-8x7b").params_active  # 2 of 8 experts
+    one = r.decode(dep, 1, 0)
+    # one token touches 2 of 8 experts per layer: the active weights, less the input table
+    assert one.weight_bytes == pytest.approx((12_879_925_248 - table) * 2)
+    # a big batch touches 1 - (3/4)^B of them: nearly every weight
+    big = r.decode(dep, 256, 0)
+    assert big.weight_bytes == pytest.approx((46_702_792_704 - table) * 2, rel=1e-12)
+    # FLOPs follow the active parameters however many experts the batch touches
+    assert big.flops == pytest.approx(256 * (2 * (12_879_925_248 - table) + 4 * 32 * 32 * 128))
+    assert r.weight_bytes(dep) == 46_702_792_704 * 2
+
+
+# --- DeepSeek-V3: MLA latent, fp8 weights ------------------------------------
+
+
+def test_deepseek_v3_mla():
+    dep = r.deployment("deepseek-v3", "h200", tp=8)
+    # one latent of kv_lora_rank + rope = 512 + 64 per layer per token, bf16, on every rank
+    assert r.kv_bytes_per_token(dep) == 61 * 576 * 2 == 70_272
+    assert r.weight_bytes(dep) == 671_000_000_000 // 8  # fp8: one byte per weight
+    assert dep.compute_dtype == "fp8" and dep.flops_per_s == 1979e12
+    assert r.deployment("deepseek-v3", "a100-80gb", tp=8).compute_dtype == "bf16"  # no fp8 tensor cores
+    # active parameters from the geometry: 8 of 256 routed experts of 58 MoE layers
+    split = dep.params
+    assert split.routed_experts == 58 * 256 * 3 * 7_168 * 2_048
+    assert split.active + split.embedding == pytest.approx(37e9, rel=0.02)  # the report's "37B activated"
+    # decode attends in the latent space, prefill in per-head K/V of width 192 (and V 128)
+    absorbed = 2 * 128 * 576 + 2 * 128 * 512
+    expanded = 2 * 128 * 192 + 2 * 128 * 128
+    d0, d1 = r.decode(dep, 1, 1000), r.decode(dep, 1, 2000)
+    assert d1.flops - d0.flops == pytest.approx(61 * absorbed * 1000 / 8)
+    assert d1.kv_read_bytes - d0.kv_read_bytes == 1000 * 70_272
+    p0, p1 = r.prefill(dep, 64), r.prefill(dep, 128)
+    matmul = 2 * (split.body + split.routed_experts / 32) * 64
+    causal = 128 * 129 // 2 - 64 * 65 // 2
+    assert p1.flops - p0.flops == pytest.approx((matmul + 61 * expanded * causal) / 8)
+
+
+# --- Sliding windows, mixed steps, rules -------------------------------------
+
+
+@pytest.mark.parametrize("cached,new,window", [(0, 1, 4), (0, 10, 4), (3, 5, 4), (10, 3, 4), (0, 7, 100), (4, 1, 4)])
+def test_causal_keys_closed_form(cached, new, window):
+    brute = sum(min(p, window) for p in range(cached + 1, cached + new + 1))
+    assert r._causal_keys(cached, new, window) == brute
+    assert r._causal_keys(cached, new) == sum(range(cached + 1, cached + new + 1))
+
+
+def test_sliding_layers_attend_within_the_window():
+    dep = r.deployment("gemma-2-9b", "h100-sxm")  # 21 sliding (W 4096), 21 full
+    pair = 4 * 16 * 256
+    short, long = r.decode(dep, 1, 3000), r.decode(dep, 1, 9000)
+    # past the window only the 21 full layers add keys
+    assert long.flops - short.flops == pytest.approx(pair * (21 * 6000 + 21 * (4096 - 3001)))
+
+
+def test_mixed_step_is_the_sum_of_its_chunks(l8):
+    chunks = [r.Chunk(512, 0, False), r.Chunk(256, 512, True), r.Chunk(1, 3000), r.Chunk(1, 100)]
+    step = r.mixed(l8, chunks)
+    assert step.tokens == 770 and step.sequences == 4
+    alone = [r.mixed(l8, [c]) for c in chunks]
+    assert step.flops == pytest.approx(sum(a.flops for a in alone))
+    assert step.kv_read_bytes == (512 + 3000 + 100) * L8_KV
+    assert step.weight_bytes == alone[0].weight_bytes  # read once for the whole step
+    # the first chunk does not sample: no LM head row
+    assert alone[0].flops == 2 * L8_BODY * 512 + L8_PAIR * 512 * 513 // 2
+    with pytest.raises(r.CostModelError, match="at least one chunk"):
+        r.mixed(l8, [])
+
+
+def test_offline_throughput_bound_by_hand(l8):
+    p, o, n, c = 1000, 101, 64, 32
+    bound = r.offline_throughput_bound(l8, [(p, o)] * n, c)
+    prefill = r.prefill(l8, p).flops
+    assert bound.prefill_flops == n * prefill and bound.prefill_s == n * prefill / 989.5e12
+    # 100 decode tokens per request after the prefill's first, in full batches of 32
+    steps = n * 100 / c
+    kv = n * sum((p + j - 1) + 1 for j in range(1, 101)) * L8_KV
+    assert bound.decode_steps == steps
+    assert bound.decode_bytes == pytest.approx(steps * 15_009_849_344 + kv)
+    assert bound.decode_s == pytest.approx(bound.decode_bytes / 4.8e12)
+    assert bound.output_tokens_per_s == pytest.approx(n * o / (bound.prefill_s + bound.decode_s))
+    more = r.offline_throughput_bound(l8, [(p, o)] * n, 64)
+    assert more.decode_s < bound.decode_s  # a fuller batch shares the weights over more tokens
+    assert r.offline_throughput_bound(l8, [(p, o)] * n, 10_000).concurrency == n
+    with pytest.raises(r.CostModelError, match="concurrency must be >= 1"):
+        r.offline_throughput_bound(l8, [(p, o)], 0)
+
+
+def test_no_torch_or_pydantic():
+    import subprocess
+    import sys
+
+    code = ("import sys, labs.roofline as r; r.kv_pool(r.deployment('llama-3.1-8b', 'h200'), 8192); "
+            "r.bandwidth(r.get_gpu('h200'), 'measured'); "
+            "print(any(m in sys.modules for m in ('torch', 'pydantic')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("name,tp", [("llama-3.1-8b", 1), ("gemma-2-9b", 1), ("deepseek-v3", 8), ("mixtral-8x7b", 2)])
+def test_mixed_agrees_with_uniform_steps(name, tp):
+    """The engines' hot path (mixed, one chunk at a time) and the grouped path give the same step."""
+    dep = r.deployment(name, "h200", tp=tp)
+    chunks = [(300, 5000, False), (1, 4500), (1, 4500), (1, 10), (64, 0)]
+    step = r.mixed(dep, chunks)
+    parts = [r.uniform(dep, 1, r.Chunk(*c)) for c in chunks]
+    assert step.flops == pytest.approx(sum(p.flops for p in parts))  # FLOPs add up; weights are read once
+    assert step.kv_read_bytes == sum(p.kv_read_bytes for p in parts)
+    assert step.kv_write_bytes == sum(p.kv_write_bytes for p in parts)
+    assert step.tokens == 367 and step.sequences == 5
