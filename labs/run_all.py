@@ -68,6 +68,10 @@ STEPS: tuple[Step, ...] = (
     Step("oom-scenarios", "labs.oom",
          ("--scenario", "all", "--out", "{out}"),
          what="reproduces and diagnoses the out-of-memory scenarios"),
+    Step("engine-smoke", "labs.engine",
+         ("--model", "llama-3.1-8b", "--num-prompts", "32", "--prompt-len", "256", "--max-tokens", "64",
+          "--max-model-len", "1024", "--json"),
+         what="the serving engine at Llama-3.1-8B shapes (random weights): runs, and its decode step time"),
 )
 # --8<-- [end:steps]
 STEP_NAMES = tuple(step.name for step in STEPS)

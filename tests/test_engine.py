@@ -168,6 +168,19 @@ def test_shared_blocks_are_counted_once_and_freed_by_the_last_user():
     assert bm.num_free == 10
 
 
+def test_eos_stops_a_request_unless_ignored():
+    bm = BlockManager(num_blocks=9, block_size=8)
+    sched = Scheduler(EngineConfig(max_model_len=64, block_size=8, num_blocks=8), bm, clock=lambda: 1.0,
+                      eos_token_ids=(7,))
+    a = Sequence(0, [1, 2, 3], SamplingParams(max_tokens=5, temperature=0))
+    b = Sequence(1, [1, 2, 3], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+    sched.add(a)
+    sched.add(b)
+    finished = sched.update(sched.schedule(), [7, 7])
+    assert finished == [a] and a.finish_reason == "stop" and a.output_ids == [7]
+    assert sched.running == [b] and bm.num_free == 8 - 1
+
+
 # ---------------------------------------------------------------------------
 # Sampling
 # ---------------------------------------------------------------------------

@@ -115,11 +115,11 @@ def _check(a: argparse.Namespace) -> str | None:
     if not a.prompt and a.prompt_len >= a.max_model_len:
         return f"--prompt-len must be below --max-model-len ({a.max_model_len}), got {a.prompt_len}"
     if a.device is not None:
-        import torch
-
         kind, _, index = a.device.partition(":")
         if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
             return f"--device must be cpu, cuda or cuda:N, got {a.device!r}"
+        import torch
+
         if kind == "cuda" and not torch.cuda.is_available():
             return "--device cuda: no CUDA GPU visible (torch.cuda.is_available() is False)"
         if index and int(index) >= torch.cuda.device_count():

@@ -67,17 +67,6 @@ class _Tables(BlockTables):
         self._blocks[seq_id] = list(blocks)
         self._lens[seq_id] = len(blocks) * self.block_size
 
-    def grow(self, seq_id: int, num_tokens: int) -> None:
-        """`append` without its slot list (the runner computes slots on the device); runs every step."""
-        blocks = self._blocks.get(seq_id)
-        if blocks is None:
-            blocks = self._blocks[seq_id] = []
-        new_len = self._lens.get(seq_id, 0) + num_tokens
-        need = -(-new_len // self.block_size) - len(blocks)
-        if need > 0:
-            blocks.extend(self.allocator.allocate(need))  # raises before anything changes
-        self._lens[seq_id] = new_len
-
 
 def chain_hash(parent: bytes, tokens) -> bytes:
     return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
@@ -106,13 +95,28 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def blocks_to_grow(self, seq: Sequence, n: int) -> int:
-        """New blocks `seq` needs to hold `n` more computed tokens."""
-        have = len(self.tables._blocks.get(seq.seq_id, ()))
-        return self.blocks_for(seq.num_computed + n) - have
+    def table(self, seq: Sequence) -> tuple[int, ...]:
+        """seq's block table as it stands (the runner addresses the cache through it)."""
+        return tuple(self.tables._blocks[seq.seq_id])
 
-    def block_ids(self, seq: Sequence) -> list[int]:
-        return self.tables.blocks(seq.seq_id)
+    def try_grow(self, seq: Sequence, n: int) -> bool:
+        """Blocks for seq's next n tokens if the free list has them; False (and no change) if not.
+
+        The scheduler calls this for every running sequence every step, so the common case
+        (the next token fits the last block) touches only a length.
+        """
+        tables = self.tables
+        sid = seq.seq_id
+        blocks = tables._blocks.get(sid, [])
+        new_len = seq.num_computed + n
+        need = -(-new_len // self.block_size) - len(blocks)
+        if need > 0:
+            if need > self.allocator.num_free:
+                return False
+            blocks.extend(self.allocator.allocate(need))
+        tables._blocks[sid] = blocks
+        tables._lens[sid] = new_len
+        return True
 
     # --- prefix cache -----------------------------------------------------------
 
@@ -151,10 +155,6 @@ class BlockManager:
             self.tables.start_with(seq.seq_id, hits)
         seq.num_computed = len(hits) * self.block_size
         self.hit_tokens += seq.num_computed
-
-    def grow(self, seq: Sequence, n: int) -> None:
-        """Blocks for seq's next n tokens (raises OutOfBlocksError, changing nothing, if they do not fit)."""
-        self.tables.grow(seq.seq_id, n)
 
     def commit(self, seq: Sequence, computed_before: int) -> None:
         """After a step: register the blocks it filled (seq had computed_before tokens before it)."""

@@ -182,6 +182,8 @@ class LLM:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
         if not out.chunks:
+            if not out.preempted and not self.scheduler.running:  # admission checks make this unreachable
+                raise RuntimeError("the scheduler admitted nothing into an empty engine; this is a bug")
             return []
         tokens = self.runner.execute(out)  # .tolist() inside waits for the device
         finished = self.scheduler.update(out, tokens)

@@ -32,9 +32,10 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
     if min(top_k) < vocab or min(top_p) < 1.0:
         logits = _top_k_top_p(logits, torch.tensor(top_k, device=dev), torch.tensor(top_p, device=dev))
     probs = logits.softmax(dim=-1)
-    noise = torch.empty_like(probs)
+    noise = torch.empty_like(probs).exponential_()  # the global generator, for unseeded rows
     for i, g in enumerate(generators):
-        noise[i].exponential_(generator=g)
+        if g is not None:  # a seeded row redraws from its own generator
+            noise[i].exponential_(generator=g)
     sampled = (probs / noise).argmax(dim=-1)
     is_greedy = torch.tensor([p.greedy for p in params], device=dev)
     return torch.where(is_greedy, greedy, sampled)

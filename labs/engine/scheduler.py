@@ -113,11 +113,12 @@ class Scheduler:
         budget = self.config.token_budget
         out = SchedulerOutput([])
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed, budget)
-            while self.blocks.blocks_to_grow(seq, n) > self.blocks.num_free:
-                victim = self.running.pop()  # the last admitted; never one already scheduled
+        running, try_grow = self.running, self.blocks.try_grow
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            n = min(len(seq.token_ids) - seq.num_computed, budget)
+            while not try_grow(seq, n):
+                victim = running.pop()  # the last admitted; never one already scheduled
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
@@ -140,6 +141,7 @@ class Scheduler:
             self.waiting.popleft()
             self._admit(seq, hits)
             n = min(todo, budget)
+            self.blocks.try_grow(seq, n)  # fits: admission checked the whole sequence
             self._take(out, seq, n)
             budget -= n
         return out
@@ -163,12 +165,14 @@ class Scheduler:
                                  f"({self.blocks.num_usable * self.blocks.block_size} token slots)")
             for seq in batch:
                 self._admit(seq, [])
+                self.blocks.try_grow(seq, seq.num_tokens)  # fits: the padded batch does
                 self._take(out, seq, seq.num_tokens)
             self._static_rows, self._static_prompt, self._static_step = len(batch), longest_prompt, 0
             out.padded = (len(batch), longest_prompt, 0)
         else:
             self._static_step += 1
             for seq in self.running:
+                self.blocks.try_grow(seq, 1)  # fits: the padded batch does
                 self._take(out, seq, 1)
             out.padded = (self._static_rows, 1, self._static_prompt + self._static_step - 1)
         return out
@@ -182,10 +186,10 @@ class Scheduler:
         self.running.append(seq)
 
     def _take(self, out: SchedulerOutput, seq: Sequence, n: int) -> None:
-        self.blocks.grow(seq, n)
+        """Put n tokens of seq (whose blocks are already grown) into the step."""
         start = seq.num_computed
-        ids = tuple(self.blocks.block_ids(seq)) if self.with_block_ids else ()
-        out.chunks.append(Chunk(seq, start, n, start + n == seq.num_tokens, ids))
+        ids = self.blocks.table(seq) if self.with_block_ids else ()
+        out.chunks.append(Chunk(seq, start, n, start + n == len(seq.token_ids), ids))
 
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.free(seq)
@@ -199,29 +203,31 @@ class Scheduler:
         """Advance cursors, append sampled tokens (one per chunk; ignored where it does not sample), finish."""
         now = self.clock()
         finished = []
-        for chunk, token in zip(out.chunks, sampled, strict=True):
-            seq = chunk.seq
-            end = chunk.start + chunk.num_tokens
-            if chunk.start < seq.high_water:
-                self.recomputed_tokens += min(end, seq.high_water) - chunk.start
+        caching = self.blocks.enable_prefix_caching
+        max_len, eos = self.config.max_model_len, self.eos_token_ids
+        for (seq, start, n, samples, _), token in zip(out.chunks, sampled, strict=True):
+            end, high = start + n, seq.high_water
+            if start < high:
+                self.recomputed_tokens += min(end, high) - start
+            if end > high:
+                seq.high_water = end
             seq.num_computed = end
-            seq.high_water = max(seq.high_water, end)
-            self.blocks.commit(seq, chunk.start)
-            if not chunk.samples:
+            if caching:
+                self.blocks.commit(seq, start)
+            if not samples:
                 continue
             seq.append(token, now)
-            reason = self._stop_reason(seq, token)
-            if reason is not None:
-                seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
-                self.blocks.free(seq)
-                finished.append(seq)
+            ids = seq.token_ids
+            if len(ids) - seq.num_prompt_tokens >= seq.params.max_tokens or len(ids) >= max_len:
+                reason = "length"
+            elif token in eos and not seq.params.ignore_eos:
+                reason = "stop"
+            else:
+                continue
+            seq.status, seq.finish_reason, seq.finish_time = Status.FINISHED, reason, now
+            self.blocks.free(seq)
+            finished.append(seq)
         if finished:
             self.running = [s for s in self.running if s.status is Status.RUNNING]
         return finished
 
-    def _stop_reason(self, seq: Sequence, token: int) -> str | None:
-        if seq.num_output >= seq.params.max_tokens or seq.num_tokens >= self.config.max_model_len:
-            return "length"
-        if not seq.params.ignore_eos and token in self.eos_token_ids:
-            return "stop"
-        return None

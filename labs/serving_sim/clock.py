@@ -2,7 +2,9 @@
 
 The engine's scheduler takes a clock (a function returning seconds) and never times
 anything itself. On a GPU that clock is the wall clock; here it is simulated time, and
-`advance` moves it by what `cost.Roofline` says the scheduled step costs.
+`advance` moves it by what the project's cost model says the scheduled step costs:
+`cost.Roofline.step_time` (the floor of `labs.roofline.mixed` over the step's chunks, plus
+the fixed per-step overhead), or `uniform_step_time` for a padded static batch.
 """
 
 from __future__ import annotations
