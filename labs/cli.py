@@ -73,8 +73,12 @@ def _show(text: str, limit: int = 60) -> str:
 # ---------------------------------------------------------------------------
 
 
-def bounded_int(lo: int | None = None, hi: int | None = None, unit: str = "") -> Callable[[str], int]:
-    """A whole number in [lo, hi]. Use an upper bound for anything that sets how long a run takes."""
+def bounded_int(lo: int | None = None, hi: int | None = None, unit: str = "", *,
+                multiple_of: int | None = None) -> Callable[[str], int]:
+    """A whole number in [lo, hi] (and a multiple of `multiple_of`, if given).
+
+    Give an upper bound to anything that sets how long a run takes.
+    """
     if lo is not None and hi is not None and lo > hi:
         raise ValueError(f"empty range [{lo}, {hi}]")
     if lo is not None and hi is not None:
@@ -85,15 +89,18 @@ def bounded_int(lo: int | None = None, hi: int | None = None, unit: str = "") ->
         allowed = f"a whole number <= {hi:,}"
     else:
         allowed = "a whole number"
+    if multiple_of:
+        allowed = allowed.replace("a whole number", f"a multiple of {multiple_of}", 1)
     if unit:
         allowed += f" ({unit})"
 
     def parse(text: str) -> int:
         try:
-            value = int(str(text).strip().replace("_", ""), 10)
+            value = int(str(text).strip(), 10)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {allowed}, got {_show(text)}") from None
-        if (lo is not None and value < lo) or (hi is not None and value > hi):
+        if (lo is not None and value < lo) or (hi is not None and value > hi) or (
+                multiple_of and value % multiple_of):
             raise argparse.ArgumentTypeError(f"expected {allowed}, got {_show(text)}")
         return value
 
@@ -110,6 +117,24 @@ non_negative_int.__doc__ = "A whole number >= 0."
 def count(hi: int, unit: str = "") -> Callable[[str], int]:
     """How many of something to run, 1..hi: the bound keeps a run from being unbounded."""
     return bounded_int(1, hi, unit)
+
+
+def power_of_two(lo: int = 1, hi: int | None = None) -> Callable[[str], int]:
+    """A power of two in [lo, hi]: tile sizes and warp counts, which Triton requires to be powers of two."""
+    allowed = f"a power of 2 from {lo} to {hi}" if hi is not None else f"a power of 2 >= {lo}"
+    whole = bounded_int(lo, hi)
+
+    def parse(text: str) -> int:
+        try:
+            value = whole(text)
+        except argparse.ArgumentTypeError:
+            value = 0
+        if value < 1 or value & (value - 1):
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {_show(text)}")
+        return value
+
+    parse.kind, parse.bounds = "int", (lo, hi)  # type: ignore[attr-defined]
+    return parse
 
 
 def finite_float(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
@@ -142,12 +167,36 @@ def finite_float(lo: float | None = None, hi: float | None = None, *, lo_open: b
             raise argparse.ArgumentTypeError(f"expected {allowed}, got {_show(text)}")
         return value
 
-    parse.kind, parse.bounds = "float", (lo, hi)  # type: ignore[attr-defined]
+    parse.kind, parse.bounds, parse.open_ends = "float", (lo, hi), (lo_open, hi_open)  # type: ignore[attr-defined]
     return parse
 
 
 fraction = finite_float(0.0, 1.0, lo_open=True)
 fraction.__doc__ = "A share in (0, 1]: a GPU memory utilization, a fraction of requests."
+
+
+def number_list(item: Callable[[str], float], max_items: int = 64) -> Callable[[str], tuple]:
+    """Comma-separated values, each checked by `item` (a ``bounded_int`` or ``finite_float``), 1..max_items of them.
+
+    The cap keeps a sweep over the list bounded.
+    """
+
+    def parse(text: str) -> tuple:
+        parts = [part.strip() for part in str(text).split(",")]
+        if not text or any(not part for part in parts):
+            raise argparse.ArgumentTypeError(f"expected comma-separated values, got {_show(text)}")
+        if len(parts) > max_items:
+            raise argparse.ArgumentTypeError(f"expected at most {max_items} values, got {len(parts)}")
+        out = []
+        for part in parts:
+            try:
+                out.append(item(part))
+            except argparse.ArgumentTypeError as exc:
+                raise argparse.ArgumentTypeError(f"in {_show(text)}: {exc}") from None
+        return tuple(out)
+
+    parse.kind, parse.item, parse.max_items = f"{item.kind}-list", item, max_items  # type: ignore[attr-defined]
+    return parse
 
 
 def choice(options: Iterable[str], what: str = "value") -> Callable[[str], str]:
@@ -175,7 +224,7 @@ def existing_file(text: str) -> Path:
     if not str(text).strip():
         raise argparse.ArgumentTypeError("expected the path of an existing file, got an empty string")
     if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder; expected a file")
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
     if not path.exists():
         raise argparse.ArgumentTypeError(f"{text}: no such file")
     if not os.access(path, os.R_OK):
@@ -189,7 +238,7 @@ def existing_dir(text: str) -> Path:
     if not str(text).strip():
         raise argparse.ArgumentTypeError("expected the path of an existing folder, got an empty string")
     if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a file; expected a folder")
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
     if not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text}: no such folder")
     return path
@@ -207,7 +256,7 @@ def output_dir(text: str) -> Path:
         raise argparse.ArgumentTypeError("expected a folder to write to, got an empty string")
     path = Path(text).expanduser()
     if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a file; expected a folder to write to")
+        raise argparse.ArgumentTypeError(f"{text} is a file, not a folder")
     probe = path
     while not probe.exists():
         if probe.parent == probe:
@@ -218,7 +267,7 @@ def output_dir(text: str) -> Path:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=probe))
     except OSError as exc:
-        where = "" if probe == path else f" (its nearest existing parent {probe} is not writable)"
+        where = "" if probe == path else f" (nothing can be created in {probe})"
         raise argparse.ArgumentTypeError(f"{text}: cannot write there{where}: {exc.strerror or exc}") from None
     return path
 
@@ -229,7 +278,7 @@ def output_file(text: str) -> Path:
         raise argparse.ArgumentTypeError("expected a file to write to, got an empty string")
     path = Path(text).expanduser()
     if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a folder; expected a file to write to")
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
     try:
         output_dir(str(path.parent))
     except argparse.ArgumentTypeError as exc:

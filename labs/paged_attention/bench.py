@@ -69,6 +69,8 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from labs import cli
+
 RESULTS_PATH = Path(__file__).resolve().parents[1] / "results" / "paged_attention.json"
 SCHEMA_VERSION = 1
 # bf16's band for a relative error against fp32 (METHOD: bf16 operands land 1e-3..1e-2).
@@ -102,23 +104,29 @@ SHAPES = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = cli.Parser(
         prog="python -m labs.paged_attention.bench",
         description="Check the paged decode kernel against an fp32 reference, then time it "
         "against the copy-bandwidth floor and against SDPA on a contiguous cache.",
     )
-    p.add_argument("--out", type=Path, help="folder to write paged_attention.json (and sweep.json) into")
+    p.add_argument("--out", type=cli.output_dir, metavar="DIR", help="folder to write paged_attention.json (and sweep.json) into")
     p.add_argument("--record", action="store_true",
                    help=f"also write this GPU's entry into {RESULTS_PATH.relative_to(RESULTS_PATH.parents[2])}, "
                    "replacing only that GPU's entry")
     p.add_argument("--shape", action="append", choices=sorted(SHAPES), metavar="NAME",
                    help=f"time only this shape (repeatable); one of {', '.join(SHAPES)}")
-    p.add_argument("--tile-n", type=int, help="tokens per loop step (power of 2, >= 16); default: kernel's")
-    p.add_argument("--num-warps", type=int, help="warps per program; default: kernel's")
-    p.add_argument("--num-stages", type=int, help="software-pipeline depth; default: kernel's")
-    p.add_argument("--programs-per-sm", type=int, help="programs that fit on one SM at once, for the split heuristic; default: kernel's")
-    p.add_argument("--num-splits", type=int, help="force this split count for every shape (1: no split-K)")
-    p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement, ms (default 100)")
+    # Triton needs power-of-2 tiles and warp counts; tl.dot needs a tile of at least 16.
+    p.add_argument("--tile-n", type=cli.power_of_two(16, 1024),
+                   help="tokens per loop step (power of 2, 16..1024); default: kernel's")
+    p.add_argument("--num-warps", type=cli.power_of_two(1, 32), help="warps per program (power of 2, 1..32); default: kernel's")
+    p.add_argument("--num-stages", type=cli.bounded_int(1, 8), help="software-pipeline depth (1..8); default: kernel's")
+    p.add_argument("--programs-per-sm", type=cli.bounded_int(1, 64),
+                   help="programs that fit on one SM at once, for the split heuristic (1..64); default: kernel's")
+    p.add_argument("--num-splits", type=cli.bounded_int(1, 1024),
+                   help="force this split count for every shape (1: no split-K; at most 1024)")
+    # Bounded: a sweep times ~100 configurations per shape, each for this long.
+    p.add_argument("--rep-ms", type=cli.bounded_int(1, 10_000), default=100,
+                   help="do_bench repetition time per measurement, ms, 1..10000 (default 100)")
     p.add_argument("--sweep", action="store_true",
                    help="time every tile/warps/stages configuration in SWEEP_CONFIGS at every useful "
                    "split count, per shape; prints the best per shape and writes sweep.json to --out; "
@@ -126,23 +134,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="only run the kernel 3 times per shape, no checks or timing (for ncu)")
     args = p.parse_args(argv)
-    if args.tile_n is not None and (args.tile_n < 16 or args.tile_n & (args.tile_n - 1)):
-        p.error(f"--tile-n must be a power of 2 and >= 16 (tl.dot's minimum), got {args.tile_n}")
     if args.record and args.sweep:
         p.error("--record writes the default configuration's rows; run it without --sweep")
-    for name in ("tile_n", "num_warps", "num_stages", "programs_per_sm", "num_splits", "rep_ms"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     return args
 
 
 def environment(torch, triton) -> dict:
     """GPU, compute capability, SM count, driver and versions; refuses without CUDA or bf16."""
+    # Exit 2, as the other labs do on a machine that cannot run them.
     if not torch.cuda.is_available():
-        sys.exit("error: no CUDA GPU visible (torch.cuda.is_available() is False); this benchmark needs one")
+        print("error: no CUDA GPU visible (torch.cuda.is_available() is False); this benchmark needs one",
+              file=sys.stderr)
+        sys.exit(2)
     if not torch.cuda.is_bf16_supported():
-        sys.exit(f"error: {torch.cuda.get_device_name()} has no bf16 support; the shapes are bf16")
+        print(f"error: {torch.cuda.get_device_name()} has no bf16 support; the shapes are bf16", file=sys.stderr)
+        sys.exit(2)
     props = torch.cuda.get_device_properties(0)
     try:
         driver = subprocess.run(
