@@ -353,8 +353,16 @@ def read_yaml_file(path: Path, rel: str) -> tuple[Any, yaml.Node | None, list[Pr
 
 
 def _load_modules(root: Path) -> list[Module]:
-    data = yaml.safe_load((root / MODULES_FILE).read_text(encoding="utf-8"))
-    return [Module(**entry) for entry in data["modules"]]
+    """docs/.data/modules.yaml, validated by site_data.ModulesFile; a mistake is a BankError at its line."""
+    from site_data import load_modules
+
+    from labs.datafile import DataError
+
+    try:
+        data = load_modules(root)
+    except DataError as exc:
+        raise BankError([Problem(exc.file or MODULES_FILE, exc.line, exc.field, exc.message)]) from None
+    return [Module(m.part, m.name, m.scope, m.bank) for m in data.modules]
 
 
 def _vllm_version(root: Path) -> str:

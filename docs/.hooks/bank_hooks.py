@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bank as bank_lib  # noqa: E402
 import bank_render as render  # noqa: E402
 import glossary  # noqa: E402
+from labs.datafile import DataError  # noqa: E402  (site_data, imported by glossary, put the root on the path)
 
 # Nav entries in mkdocs.yml that the hook expands into generated sections.
 LESSONS_INDEX = "lessons/index.md"
@@ -92,10 +93,10 @@ def on_config(config):
     root = _root(config)
     try:
         bank = bank_lib.get_bank(root)
-    except bank_lib.BankError as err:
+        _state["abbreviations"] = glossary.abbreviation_lines(root)
+    except (bank_lib.BankError, DataError) as err:
         raise PluginError(str(err)) from None
     _state["bank"] = bank
-    _state["abbreviations"] = glossary.abbreviation_lines(root)
 
     # One setting, extra.repository, gives the edit links. No repo_url: Material
     # would call the GitHub API for stars and forks on every page view.
