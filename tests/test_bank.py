@@ -40,7 +40,7 @@ QUESTION = textwrap.dedent("""\
     title: Why does the fixture question exist at all?
     part: 0
     lesson: part-0/alpha
-    answer: Because the tests need one.
+    answer: Because the tests need one. It keeps them small.
     deep_dive: Block size {{ default("block_size") }}.
     follow_ups:
       - q: First follow-up?
@@ -54,6 +54,10 @@ QUESTION = textwrap.dedent("""\
     verified:
       date: 2026-11-29
       vllm: VERSION
+    kind: concept
+    short_answer: It exists so the tests have one question to build.
+    probes:
+      - knows why a fixture needs exactly one question
     """)
 
 
@@ -96,6 +100,20 @@ def test_fixture_site_builds(site: Path, tmp_path: Path):
     assert result.returncode == 0, result.stderr[-3000:]
     page = (tmp_path / "out/questions/part-0/alpha-q/index.html").read_text()
     assert "Block size 16." in page  # the macro rendered inside the deep dive
+    order = [page.index(f">{heading}<") for heading in
+             ("Short answer", "Direct answer", "What the interviewer probes", "Deep dive")]
+    assert order == sorted(order), "short answer, direct answer, probes, deep dive, in that order"
+    assert "knows why a fixture needs exactly one question" in page
+    assert "concept question" in page
+
+
+def test_misconceptions_render_with_the_weak_answer(site, tmp_path):
+    _edit(site, "questions/part-0/alpha-q.yaml", "kind: concept", "kind: concept\nmisconceptions: [the fixture holds two questions]")
+    result = mkdocs_build(site, tmp_path / "out")
+    assert result.returncode == 0, result.stderr[-3000:]
+    page = (tmp_path / "out/questions/part-0/alpha-q/index.html").read_text()
+    belief = page.index("the fixture holds two questions")
+    assert page.index('id="common-weak-answer"') < belief < page.index('id="how-to-validate"')
 
 
 def test_missing_field(site, tmp_path):
@@ -117,6 +135,62 @@ def test_wrong_type_nested(site, tmp_path):
 def test_unknown_field(site, tmp_path):
     _edit(site, "questions/part-0/alpha-q.yaml", "weak_answer: Weak.", "weak_answer: Weak.\ndifficulty: hard")
     assert_build_fails(site, tmp_path, "questions/part-0/alpha-q.yaml:12: field 'difficulty': unknown field")
+
+
+def test_missing_short_answer(site, tmp_path):
+    _edit(site, "questions/part-0/alpha-q.yaml", "short_answer: It exists so the tests have one question to build.\n", "")
+    assert_build_fails(site, tmp_path, "questions/part-0/alpha-q.yaml:1: field 'short_answer': Field required")
+
+
+def test_short_answer_over_30_words(site, tmp_path):
+    long = " ".join(["word"] * 30) + " again."
+    _edit(site, "questions/part-0/alpha-q.yaml", "It exists so the tests have one question to build.", long.capitalize())
+    assert_build_fails(site, tmp_path, "questions/part-0/alpha-q.yaml:19: field 'short_answer': has 31 words; at most 30")
+
+
+def test_short_answer_of_two_sentences(site, tmp_path):
+    _edit(site, "questions/part-0/alpha-q.yaml", "one question to build.", "one question. It builds.")
+    assert_build_fails(site, tmp_path, "questions/part-0/alpha-q.yaml:19: field 'short_answer': has 2 sentences; write 1")
+
+
+def test_four_probes(site, tmp_path):
+    _edit(site, "questions/part-0/alpha-q.yaml", "  - knows why a fixture needs exactly one question\n",
+          "  - one\n  - two\n  - three\n  - four\n")
+    assert_build_fails(site, tmp_path, "questions/part-0/alpha-q.yaml:20: field 'probes': List should have at most 3 items")
+
+
+def test_no_probes(site, tmp_path):
+    _edit(site, "questions/part-0/alpha-q.yaml", "probes:\n  - knows why a fixture needs exactly one question\n",
+          "probes: []\n")
+    assert_build_fails(site, tmp_path, "questions/part-0/alpha-q.yaml:20: field 'probes': List should have at least 1 item")
+
+
+def test_probe_of_two_lines(site, tmp_path):
+    _edit(site, "questions/part-0/alpha-q.yaml", "  - knows why a fixture needs exactly one question\n",
+          "  - |\n    first line\n    second line\n")
+    assert_build_fails(site, tmp_path, "questions/part-0/alpha-q.yaml:21: field 'probes[0]': must be one line")
+
+
+def test_bad_kind(site, tmp_path):
+    _edit(site, "questions/part-0/alpha-q.yaml", "kind: concept", "kind: trivia")
+    assert_build_fails(site, tmp_path, "questions/part-0/alpha-q.yaml:18: field 'kind': Input should be "
+                                       "'concept', 'numbers', 'debug' or 'design'")
+
+
+def test_answer_over_80_words(site, tmp_path):
+    long = "Because the tests need one. Word " + " ".join(["word"] * 74) + " end."
+    _edit(site, "questions/part-0/alpha-q.yaml", "Because the tests need one. It keeps them small.", long)
+    assert_build_fails(site, tmp_path, "questions/part-0/alpha-q.yaml:4: field 'answer': has 81 words; at most 80")
+
+
+def test_answer_of_one_sentence(site, tmp_path):
+    _edit(site, "questions/part-0/alpha-q.yaml", "Because the tests need one. It keeps them small.", "Because.")
+    assert_build_fails(site, tmp_path, "questions/part-0/alpha-q.yaml:4: field 'answer': has 1 sentences; write 2-4")
+
+
+def test_misconception_of_two_lines(site, tmp_path):
+    _edit(site, "questions/part-0/alpha-q.yaml", "kind: concept", "kind: concept\nmisconceptions: [\"a\\nb\"]")
+    assert_build_fails(site, tmp_path, "questions/part-0/alpha-q.yaml:19: field 'misconceptions[0]': must be one line")
 
 
 def test_yaml_syntax_error(site, tmp_path):
@@ -214,7 +288,7 @@ def test_schema_file_in_sync():
 def test_schema_rejects_unknown_keys_for_editors():
     schema = json.loads((ROOT / bank_lib.SCHEMA_FILE).read_text())
     assert schema["additionalProperties"] is False
-    assert {"title", "part", "lesson", "answer", "deep_dive", "follow_ups", "weak_answer", "validate",
+    assert {"title", "part", "lesson", "kind", "short_answer", "answer", "probes", "deep_dive", "follow_ups", "weak_answer", "validate",
             "sources", "verified"} <= set(schema["required"])
 
 

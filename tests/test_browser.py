@@ -317,7 +317,7 @@ def test_practice_mode_hides_reveals_and_remembers(page, base_url, bank):
     assert {reveal.nth(i).get_attribute("aria-expanded") for i in range(n_answers)} == {"false"}
     shot(page, "question-practice")
 
-    # Reveal the direct answer with Enter, the deep dive with Space; the rest stay hidden.
+    # Reveal the short answer with Enter, the direct answer with Space; the rest stay hidden.
     reveal.nth(0).focus()
     page.keyboard.press("Enter")
     reveal.nth(1).focus()

@@ -30,28 +30,12 @@ LESSONS = sorted(BANK.lessons.values(), key=lambda lesson: lesson.path)
 LESSON_SKELETON = ["The problem", "The mechanism", "The numbers", "In vLLM", "Trade-offs and failure modes", "Try it"]
 LESSON_WORDS = (700, 1500)
 DEEP_DIVE_WORDS = (250, 700)
-ANSWER_SENTENCES = (2, 4)
+ANSWER_SENTENCES = bank_lib.ANSWER_SENTENCES
 
 
-def _prose(markdown: str) -> str:
-    """Markdown without front matter, code, tables, comments and HTML: what a reader reads as prose."""
-    text = re.sub(r"\A---\n.*?\n---\n", "", markdown, flags=re.S)
-    text = re.sub(r"^(```|~~~).*?^\1\s*$", "", text, flags=re.S | re.M)
-    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
-    text = re.sub(r"\{%.*?%\}", "", text, flags=re.S)
-    text = re.sub(r"\{\{.*?\}\}", "N", text, flags=re.S)  # a rendered number or link reads as one word
-    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("|"))
-    return re.sub(r"<[^>]+>", "", text)
-
-
-def words(markdown: str) -> int:
-    return len(re.findall(r"[A-Za-z0-9][\w'’.,/%-]*", _prose(markdown)))
-
-
-def sentences(text: str) -> int:
-    body = _prose(text).strip()
-    # A sentence ends at . ! or ? followed by a space and a capital, digit or opening bracket.
-    return len(re.split(r"(?<=[.!?])\s+(?=[A-Z0-9(`\"])", body)) if body else 0
+# The counting rules live with the schema, which enforces the spoken answers' limits at build time.
+words = bank_lib.word_count
+sentences = bank_lib.sentence_count
 
 
 def _ids(items):

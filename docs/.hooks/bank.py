@@ -18,7 +18,7 @@ import datetime as dt
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -41,6 +41,45 @@ NON_LESSON_FILES = {"index.md", "_template.md"}
 # ---------------------------------------------------------------------------
 # Schema: one model per record type. Unknown keys are errors everywhere.
 # ---------------------------------------------------------------------------
+
+
+# How long the spoken answers may be. Counted on the prose a reader hears: Jinja
+# statements drop out and a rendered `{{ ... }}` counts as one word.
+SHORT_ANSWER_WORDS = 30
+ANSWER_WORDS = 80
+ANSWER_SENTENCES = (2, 4)
+
+
+def prose(markdown: str) -> str:
+    """Markdown without front matter, code, tables, comments and HTML: what a reader reads as prose."""
+    text = re.sub(r"\A---\n.*?\n---\n", "", markdown, flags=re.S)
+    text = re.sub(r"^(```|~~~).*?^\1\s*$", "", text, flags=re.S | re.M)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    text = re.sub(r"\{%.*?%\}", "", text, flags=re.S)
+    text = re.sub(r"\{\{.*?\}\}", "N", text, flags=re.S)  # a rendered number or link reads as one word
+    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("|"))
+    return re.sub(r"<[^>]+>", "", text)
+
+
+def word_count(markdown: str) -> int:
+    return len(re.findall(r"[A-Za-z0-9][\w'’.,/%-]*", prose(markdown)))
+
+
+def sentence_count(markdown: str) -> int:
+    body = prose(markdown).strip()
+    # A sentence ends at . ! or ? followed by a space and a capital, digit or opening bracket.
+    return len(re.split(r"(?<=[.!?])\s+(?=[A-Z0-9(`\"])", body)) if body else 0
+
+
+def _within(text: str, sentences: tuple[int, int], max_words: int) -> str:
+    n, low, high = sentence_count(text), *sentences
+    if not low <= n <= high:
+        wanted = f"{low}" if low == high else f"{low}-{high}"
+        raise ValueError(f"has {n} sentences; write {wanted}")
+    n = word_count(text)
+    if n > max_words:
+        raise ValueError(f"has {n} words; at most {max_words}")
+    return text
 
 
 class _Strict(BaseModel):
@@ -118,6 +157,10 @@ class Verified(_Strict):
     vllm: str = Field(pattern=r"^\d+\.\d+\.\d+$")
 
 
+Kind = Literal["concept", "numbers", "debug", "design"]
+OneLine = Annotated[str, Field(min_length=1, pattern=r"^[^\n]+$")]
+
+
 class Question(_Strict):
     """One bank question; the page renders the fields in this order."""
 
@@ -126,16 +169,35 @@ class Question(_Strict):
     part: int = Field(ge=0, le=8)
     lesson: str = Field(pattern=LESSON_ID_RE.pattern, description="part-N/<slug> of the lesson it tests.")
     also: list[str] = Field(default_factory=list, description="Further lessons it touches.")
-    answer: str = Field(min_length=1, description="Direct answer: 2-4 sentences.")
+    kind: Kind = Field(description="concept: explain a mechanism; numbers: compute a figure; "
+                                   "debug: find a fault from symptoms; design: choose under constraints.")
+    short_answer: str = Field(min_length=1, description=f"The 10-second version: one sentence, "
+                                                        f"at most {SHORT_ANSWER_WORDS} words.")
+    answer: str = Field(min_length=1, description=f"The 30-second direct answer: {ANSWER_SENTENCES[0]}-"
+                                                  f"{ANSWER_SENTENCES[1]} sentences, at most {ANSWER_WORDS} words.")
+    probes: list[OneLine] = Field(min_length=1, max_length=3,
+                                  description="1-3 lines: what the interviewer is testing.")
     deep_dive: str = Field(min_length=1)
     code: Code | None = None
     follow_ups: list[FollowUp] = Field(min_length=2, max_length=4)
     weak_answer: str = Field(min_length=1)
+    misconceptions: list[OneLine] = Field(default_factory=list,
+                                          description="Stale or wrong beliefs this question corrects, one line each.")
     validate_: str = Field(alias="validate", min_length=1)
     sources: list[Source] = Field(min_length=1)
     verified: Verified
 
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, populate_by_name=False)
+
+    @field_validator("short_answer")
+    @classmethod
+    def _short_answer_size(cls, value: str) -> str:
+        return _within(value, (1, 1), SHORT_ANSWER_WORDS)
+
+    @field_validator("answer")
+    @classmethod
+    def _answer_size(cls, value: str) -> str:
+        return _within(value, ANSWER_SENTENCES, ANSWER_WORDS)
 
     @field_validator("also")
     @classmethod
@@ -326,6 +388,10 @@ def _validation_problems(path: str, node: yaml.Node | None, err: ValidationError
         message = e["msg"]
         if e["type"] == "extra_forbidden":
             message = "unknown field (not in the schema; see questions/schema.json)"
+        elif e["type"] == "value_error":
+            message = message.removeprefix("Value error, ")
+        elif e["type"] == "string_pattern_mismatch" and loc and loc[0] in ("probes", "misconceptions"):
+            message = "must be one line"
         problems.append(Problem(path, _line_of(node, loc), _field_name(loc) or None, message))
     return problems
 

@@ -24,7 +24,9 @@ GENERATED_BANNER = (
 
 # Section headings of a question page, in the order CONTENT.md fixes. Tests read this list.
 QUESTION_SECTIONS = [
+    "Short answer",
     "Direct answer",
+    "What the interviewer probes",
     "Deep dive",
     "Code",
     "Interviewer follow-ups",
@@ -61,6 +63,10 @@ def _lesson_item(bank: Bank, from_uri: str, lesson_id: str) -> str:
 
 def _question_item(from_uri: str, bq: BankQuestion) -> str:
     return f"[{bq.q.title}]({rel_link(from_uri, bq.src_uri)})"
+
+
+def _bullets(items: list[str]) -> str:
+    return "\n".join(f"- {item}" for item in items)
 
 
 def _sources(sources) -> str:
@@ -157,13 +163,15 @@ def question_page(bank: Bank, bq: BankQuestion) -> str:
         "---",
         GENERATED_BANNER.format(src=bq.path),
         f"# {q.title}",
-        f"{module.label} · tests {_lesson_item(bank, uri, q.lesson)} · "
+        f"{module.label} · {q.kind} question · tests {_lesson_item(bank, uri, q.lesson)} · "
         f"[how to answer]({rel_link(uri, 'how-to-answer.md')})\n{{: .bank-meta }}",
     ]
     parts.append(_practice_slot("bar", question=bq.id, module=f"part-{q.part}"))
     if q.topic:
         parts.append(f'!!! abstract "From the bank\'s topic list"\n    {q.topic}')
-    parts += ["## Direct answer", _answer(q.answer, "the direct answer"),
+    parts += ["## Short answer", _answer(q.short_answer, "the short answer"),
+              "## Direct answer", _answer(q.answer, "the direct answer"),
+              "## What the interviewer probes", _bullets(q.probes),
               "## Deep dive", _answer(q.deep_dive, "the deep dive")]
     if q.code:
         parts += ["## Code", _answer(_code_section(bank.root, q), "the code")]
@@ -177,7 +185,10 @@ def question_page(bank: Bank, bq: BankQuestion) -> str:
         linked.append("\nRelated questions (they share a lesson with this one):\n")
         linked += [f"- {_question_item(uri, other)}" for other in related]
     parts += ["## Linked concept", "\n".join(linked)]
-    parts += ["## Common weak answer", _answer(q.weak_answer, "the weak answer"),
+    weak = q.weak_answer
+    if q.misconceptions:
+        weak += "\n\nBeliefs this question corrects:\n\n" + _bullets(q.misconceptions)
+    parts += ["## Common weak answer", _answer(weak, "the weak answer"),
               "## How to validate", _answer(q.validate_, "how to validate"),
               _practice_slot("marks", question=bq.id)]
     parts += ["## Sources", _sources(q.sources)]
@@ -210,8 +221,8 @@ def bank_index(bank: Bank) -> str:
     n = len(bank.questions)
     out = _page_head("Question bank")
     out.append(
-        f"{n} questions, one page each. Every page gives a direct answer you can say in 30 seconds, "
-        "a deep dive with a worked example, the follow-ups an interviewer asks next, the weak answer "
+        f"{n} questions, one page each. Every page gives a one-sentence short answer, a direct answer "
+        "you can say in 30 seconds, what the interviewer is testing, a deep dive with a worked example, the follow-ups an interviewer asks next, the weak answer "
         "to avoid and how to prove the answer on a real system. Each question links the lesson it "
         f"tests. New here? Read [how to answer]({rel_link(uri, 'how-to-answer.md')}) first."
     )
