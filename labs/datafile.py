@@ -66,6 +66,7 @@ class Document:
     file: str
     data: Any
     lines: dict[tuple, int] = field(default_factory=dict)
+    text: str = field(default="", repr=False)  # the source, for errors found later inside a value
 
     def line(self, path: tuple = ()) -> int:
         """The line of `path`, or of its nearest ancestor the file has (1 for the whole file)."""
@@ -144,7 +145,7 @@ def loads(text: str, file: str = "<string>") -> Document:
     try:
         node = loader.get_single_node()
         if node is None:
-            return Document(file, None, {})
+            return Document(file, None, {}, text)
         lines: dict[tuple, int] = {(): node.start_mark.line + 1}
         _record_lines(loader, node, (), lines, at)
         data = loader.construct_document(node)
@@ -154,7 +155,10 @@ def loads(text: str, file: str = "<string>") -> Document:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
-        what = " ".join(str(p) for p in (exc.problem, f"({exc.context})" if exc.context else None) if p)
+        what = exc.problem or exc.context
+        if exc.context and exc.problem and exc.context_mark and exc.problem_mark:
+            if exc.context_mark.line != exc.problem_mark.line:
+                what += f" ({exc.context} that starts on line {exc.context_mark.line + 1})"
         raise DataError(file, line, None, f"YAML syntax error: {what}") from None
     except yaml.YAMLError as exc:
         raise DataError(file, None, None, f"YAML error: {exc}") from None
@@ -162,7 +166,7 @@ def loads(text: str, file: str = "<string>") -> Document:
         raise DataError(file, None, None, "nested too deeply to read") from None
     finally:
         loader.dispose()
-    return Document(file, data, lines)
+    return Document(file, data, lines, text)
 
 
 def load(path: str | Path, display: str | None = None) -> Document:

@@ -22,6 +22,7 @@ from mkdocs.structure.files import File
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bank as bank_lib  # noqa: E402
+import bank_check  # noqa: E402
 import bank_render as render  # noqa: E402
 import glossary  # noqa: E402
 from labs.datafile import DataError  # noqa: E402  (site_data, imported by glossary, put the root on the path)
@@ -91,9 +92,15 @@ def _expand_nav(nav: list, expansions: dict[str, list]) -> list:
 
 def on_config(config):
     root = _root(config)
+    render.clear_lab_outputs()
     try:
         bank = bank_lib.get_bank(root)
         _state["abbreviations"] = glossary.abbreviation_lines(root)
+        # What the pages would fail on (macros, includes, links, lab output), found first and
+        # reported at the YAML line. A PluginError stops the build, strict or not.
+        problems = bank_check.check(bank)
+        if problems:
+            raise bank_lib.BankError(problems)
     except (bank_lib.BankError, DataError) as err:
         raise PluginError(str(err)) from None
     _state["bank"] = bank
