@@ -425,7 +425,8 @@ def _field_name(loc: tuple[Any, ...]) -> str:
 
 def _validation_problems(path: str, node: datafile.Document | None, err: ValidationError) -> list[Problem]:
     problems = []
-    for e in err.errors():
+    # An unknown key first: a typo'd field also shows up as the real one missing.
+    for e in sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden"):
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         message = e["msg"]
         if e["type"] == "extra_forbidden":
