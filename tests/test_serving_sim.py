@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from labs.serving_sim import report, scenarios, spec_decode
+from labs.serving_sim import metrics as report
+from labs.serving_sim import scenarios, spec_decode
 from labs.serving_sim.cost import Chunk, Roofline
 from labs.serving_sim.defaults import batch_defaults
-from labs.serving_sim.engine import EngineConfig, run_continuous, run_static
+from labs.serving_sim.driver import run_continuous, run_static, sim_config
 from labs.serving_sim.trace import LengthRange, make_trace
 from labs.specs import SpecError, get_gpu, get_model
 
@@ -41,7 +42,7 @@ def llama_h200() -> Roofline:
 def _cfg(**kw) -> EngineConfig:
     base = dict(max_num_seqs=32, max_num_batched_tokens=4096, num_blocks=20000, block_size=16)
     base.update(kw)
-    return EngineConfig(**base)
+    return sim_config(**base)
 
 
 # ---------------------------------------------------------------------------
@@ -111,8 +112,8 @@ def test_every_step_respects_budget_seqs_and_pool(llama_h200, budget):
     assert all(reqs <= 12 for _, _, reqs, _ in res.step_log)
     assert all(used <= 900 for *_, used in res.step_log)
     # Every request finishes with exactly its output length, preempted or not.
-    assert all(r.generated == r.req.output_len and r.finish is not None for r in res.requests)
-    assert all(len(r.token_times) == r.req.output_len for r in res.requests)
+    assert all(r.num_output == r.params.max_tokens and r.finish_time is not None for r in res.requests)
+    assert all(len(r.token_times) == r.params.max_tokens for r in res.requests)
 
 
 def test_runs_are_deterministic(llama_h200):
@@ -133,9 +134,9 @@ def _long_prompt_run(cost, chunked: bool, budget: int):
     long_req = make_trace(1, LengthRange(12000, 12000), LengthRange(4, 4), start=0.3, first_rid=16, seed=4)
     cfg = _cfg(max_num_batched_tokens=budget, enable_chunked_prefill=chunked, max_model_len=16384)
     res = run_continuous(decodes + long_req, cost, cfg)
-    lr = next(r for r in res.requests if r.req.rid == 16)
-    gaps = report.itls([r for r in res.requests if r.req.rid < 16], 0.3, lr.first_token)
-    return max(gaps), lr.first_token - 0.3
+    lr = next(r for r in res.requests if r.seq_id == 16)
+    gaps = report.itls([r for r in res.requests if r.seq_id < 16], 0.3, lr.first_token_time)
+    return max(gaps), lr.first_token_time - 0.3
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
@@ -280,6 +281,35 @@ def test_cli_bad_input_names_the_problem(args, message):
     proc = _cli(*args)
     assert proc.returncode == 2
     assert message in proc.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (("batching", "--requests", "1000000000"), "--requests"),
+    (("batching", "--requests", "20000", "--prompt-len", "4096"), "50,000,000 tokens"),
+    (("knobs", "--rate", "nan"), "--rate"),
+    (("chunked-prefill", "--arrival", "nan"), "--arrival"),
+    (("chunked-prefill", "--arrival", "inf"), "--arrival"),
+    (("batching", "--step-overhead-ms", "nan"), "--step-overhead-ms"),
+    (("batching", "--step-overhead-ms", "inf"), "--step-overhead-ms"),
+    (("batching", "--gpu-memory-utilization", "nan"), "--gpu-memory-utilization"),
+    (("spec-decode", "--trials", "1000000000"), "--trials"),
+    (("spec-decode", "--alphas", "0.5,nan"), "acceptance rates"),
+    (("preemption", "--cases", "99999999999x4"), "--cases"),
+    (("batching", "--num-gpu-blocks-override", "99999999999"), "--num-gpu-blocks-override"),
+])
+def test_cli_bounds_every_run(args, message):
+    """Runs stay short: huge counts, NaN and inf are refused before anything is simulated."""
+    proc = _cli(*args)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_cli_out_must_be_a_writable_folder(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    proc = _cli("defaults", "--out", str(afile))
+    assert proc.returncode == 2 and "not a folder" in proc.stderr
+    proc = _cli("defaults", "--out", str(afile / "sub"))
+    assert proc.returncode == 2 and "cannot write" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_scenarios_label_their_numbers_as_derived():

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 
 from labs import specs
 from labs.kv_sizing.memory_budget import DEFAULT_GPU_MEMORY_UTILIZATION, budget
-from labs.serving_sim import report, spec_decode
+from labs.serving_sim import metrics, spec_decode
 from labs.serving_sim.cost import Chunk, Roofline
 from labs.serving_sim.defaults import CONTEXTS, batch_defaults
-from labs.serving_sim.engine import EngineConfig, run_continuous, run_static
-from labs.serving_sim.report import fixed, ms, table
+from labs.engine.config import EngineConfig
+from labs.serving_sim.driver import run_continuous, run_static, sim_config
+from labs.serving_sim.metrics import fixed, ms, table
 from labs.serving_sim.trace import LengthRange, make_trace
 from labs.specs import SpecError
 
@@ -41,7 +42,7 @@ class Setup:
         base = dict(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                     num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len)
         base.update(changes)
-        return EngineConfig(**base)
+        return sim_config(**base)
 
     def header(self) -> str:
         m, g = self.cost.model, self.cost.gpu
@@ -91,8 +92,8 @@ def batching(s: Setup, n: int = 400, prompt: str = "128:2048", output: str = "16
     }
     data, rows = {}, []
     for name, trace in traces.items():
-        st = report.summary(run_static(trace, s.cost, s.max_num_seqs, s.num_blocks, s.block_size))
-        co = report.summary(run_continuous(trace, s.cost, s.engine()))
+        st = metrics.summary(run_static(trace, s.cost, s.max_num_seqs, s.num_blocks, s.block_size))
+        co = metrics.summary(run_continuous(trace, s.cost, s.engine()))
         data[name] = {"static": st, "continuous": co}
         for label, r in (("static", st), ("continuous", co)):
             rows.append([name, label, fixed(r["output_tok_per_s"]),
@@ -133,16 +134,16 @@ def chunked_prefill(s: Setup, decodes: int = 32, decode_prompt: int = 512, long_
     data, rows = {}, []
     for label, cfg in configs:
         res = run_continuous(trace, s.cost, cfg, until=until)
-        lr = next(r for r in res.requests if r.req.rid == decodes)
-        dec = [r for r in res.requests if r.req.rid < decodes]
-        if any(r.first_token is None or r.first_token > arrival for r in dec):
+        lr = next(r for r in res.requests if r.seq_id == decodes)
+        dec = [r for r in res.requests if r.seq_id < decodes]
+        if any(r.first_token_time is None or r.first_token_time > arrival for r in dec):
             raise SpecError("decodes had not started before the long prompt arrived; raise --arrival")
-        if lr.first_token is None:
+        if lr.first_token_time is None:
             raise SpecError("the long prompt did not finish its prefill in the simulated window")
-        gaps = report.itls(dec, arrival, lr.first_token)
-        during = sum(1 for r in dec for t in r.token_times if arrival <= t <= lr.first_token) / decodes
+        gaps = metrics.itls(dec, arrival, lr.first_token_time)
+        during = sum(1 for r in dec for t in r.token_times if arrival <= t <= lr.first_token_time) / decodes
         row = {"budget": cfg.token_budget, "chunked": cfg.enable_chunked_prefill,
-               "long_ttft_s": lr.first_token - arrival, "itl_p50_s": report.percentile(gaps, 50),
+               "long_ttft_s": lr.first_token_time - arrival, "itl_p50_s": metrics.percentile(gaps, 50),
                "itl_max_s": max(gaps), "decode_tokens_during_prefill": during}
         data[label] = row
         rows.append([label, f"{cfg.token_budget:,}", ms(row["long_ttft_s"]), ms(row["itl_p50_s"]),
@@ -174,7 +175,7 @@ def preemption(s: Setup, n: int = 64, prompt: int = 256, output: int = 1024,
     trace = make_trace(n, LengthRange(prompt, prompt), LengthRange(output, output), seed=seed)
     data, rows = {}, []
     for blocks, seqs in cases:
-        r = report.summary(run_continuous(trace, s.cost, s.engine(num_blocks=blocks, max_num_seqs=seqs)))
+        r = metrics.summary(run_continuous(trace, s.cost, s.engine(num_blocks=blocks, max_num_seqs=seqs)))
         key = f"{blocks}x{seqs}"
         data[key] = r
         rows.append([f"{blocks:,}", f"{blocks * s.block_size:,}", seqs, r["preemptions"],
@@ -250,7 +251,7 @@ def knobs(s: Setup, n: int = 240, prompt: str = "128:2048", output: str = "16:51
     trace = make_trace(n, LengthRange.parse(prompt), LengthRange.parse(output), rate=rate, seed=seed)
     data, rows = {}, []
     for q in seqs:
-        r = report.summary(run_continuous(trace, s.cost, s.engine(max_num_seqs=q)))
+        r = metrics.summary(run_continuous(trace, s.cost, s.engine(max_num_seqs=q)))
         data[str(q)] = r
         rows.append([q, fixed(r["output_tok_per_s"]), ms(r["tpot_mean_s"]), ms(r["itl_p99_s"]),
                      fixed(r["ttft_mean_s"], 2), fixed(r["ttft_p99_s"], 2), r["preemptions"]])

@@ -11,7 +11,7 @@ tuples and lists become comma-separated values.
 
 from __future__ import annotations
 
-from labs.serving_sim.__main__ import SUBCOMMANDS, _parser, run
+from labs.serving_sim.cli import SUBCOMMANDS, parser, run
 from labs.specs import SpecError
 
 
@@ -25,7 +25,7 @@ def sim_table(kind: str, **options) -> str:
             value = ",".join(str(v) for v in value)
         argv += [f"--{key.replace('_', '-')}", str(value)]
     try:
-        args = _parser().parse_args(argv)
+        args = parser().parse_args(argv)
     except SystemExit:
         raise SpecError(f"sim_table: bad options for {kind}: {options}") from None
     return run(args)[1]

@@ -1,0 +1,178 @@
+"""KV blocks for sequences: the paged cache's allocator and block tables, plus prefix caching.
+
+Blocks come from labs/paged_attention's `BlockAllocator` (free list, reference counts) and
+each sequence's list lives in its `BlockTables`. Two small subclasses add what prefix
+caching needs and the kernel lab did not:
+
+* A full block (block_size computed tokens) gets a chained hash: sha256 of its parent
+  block's hash and its own token ids. Equal hashes mean equal tokens *and* equal
+  everything before them, which is what makes the block's keys and values reusable. A
+  partly filled block is never shared, so a sequence's next token always lands in a block
+  it owns alone (no copy-on-write), as in vLLM 0.33 (`vllm/v1/core/kv_cache_utils.py`,
+  `hash_block_tokens`; `vllm/v1/core/block_pool.py`).
+* A freed block with a hash stays findable until it is handed out again. Freed cached
+  blocks go to the back of the free list, so the least recently freed is evicted first;
+  uncached ones go to the front, as the allocator already does.
+
+A hit never covers the whole prompt: the last prompt token is always computed, because
+its logits are what the first output token is sampled from (vLLM caps hits the same way).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+
+from labs.paged_attention.cache import BlockAllocator, BlockTables
+from labs.engine.sequence import Sequence
+
+
+class _CachingAllocator(BlockAllocator):
+    """A BlockAllocator whose freed, hashed blocks can be revived until they are reused."""
+
+    def __init__(self, num_blocks: int):
+        super().__init__(num_blocks)
+        self.hash_of: dict[int, bytes] = {}  # block -> hash, for blocks holding a full cached block
+        self.block_of: dict[bytes, int] = {}  # hash -> block
+
+    def allocate(self, n: int) -> list[int]:
+        blocks = super().allocate(n)
+        for b in blocks:  # handing a cached block out again evicts its hash
+            h = self.hash_of.pop(b, None)
+            if h is not None:
+                del self.block_of[h]
+        return blocks
+
+    def free(self, block_ids) -> None:
+        for b in block_ids:
+            super().free([b])
+            if self._refcount[b] == 0 and b in self.hash_of:
+                self._free.popleft()  # the parent put it at the front: evict it last instead
+                self._free.append(b)
+
+    def take(self, b: int) -> None:
+        """Add a reference to a cached block, taking it off the free list if it was there."""
+        if self._refcount[b] == 0:
+            self._free.remove(b)
+            self._refcount[b] = 1
+        else:
+            self.share([b])
+
+
+class _Tables(BlockTables):
+    def start_with(self, seq_id: int, blocks: list[int]) -> None:
+        """Begin a sequence with cached blocks already referenced for it (its first len*block_size tokens)."""
+        if seq_id in self._blocks:
+            raise ValueError(f"sequence {seq_id} already has blocks")
+        self._blocks[seq_id] = list(blocks)
+        self._lens[seq_id] = len(blocks) * self.block_size
+
+    def grow(self, seq_id: int, num_tokens: int) -> None:
+        """`append` without its slot list (the runner computes slots on the device); runs every step."""
+        blocks = self._blocks.get(seq_id)
+        if blocks is None:
+            blocks = self._blocks[seq_id] = []
+        new_len = self._lens.get(seq_id, 0) + num_tokens
+        need = -(-new_len // self.block_size) - len(blocks)
+        if need > 0:
+            blocks.extend(self.allocator.allocate(need))  # raises before anything changes
+        self._lens[seq_id] = new_len
+
+
+def chain_hash(parent: bytes, tokens) -> bytes:
+    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+        """num_blocks is the pool size including the null block 0, so num_blocks - 1 are usable."""
+        self.allocator = _CachingAllocator(num_blocks)
+        self.tables = _Tables(self.allocator, block_size)
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.hit_tokens = 0  # prompt tokens served from the cache, over the manager's life
+
+    # --- accounting -----------------------------------------------------------
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be handed out now (cached-but-unused blocks count: they are evictable)."""
+        return self.allocator.num_free
+
+    @property
+    def num_usable(self) -> int:
+        return self.allocator.num_usable
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def blocks_to_grow(self, seq: Sequence, n: int) -> int:
+        """New blocks `seq` needs to hold `n` more computed tokens."""
+        have = len(self.tables._blocks.get(seq.seq_id, ()))
+        return self.blocks_for(seq.num_computed + n) - have
+
+    def block_ids(self, seq: Sequence) -> list[int]:
+        return self.tables.blocks(seq.seq_id)
+
+    # --- prefix cache -----------------------------------------------------------
+
+    def _hashes(self, seq: Sequence, num_blocks: int) -> list[bytes]:
+        """The chained hashes of seq's first num_blocks full blocks (extended lazily, kept on seq)."""
+        hs, bs = seq.block_hashes, self.block_size
+        while len(hs) < num_blocks:
+            i = len(hs)
+            hs.append(chain_hash(hs[-1] if hs else b"", seq.token_ids[i * bs:(i + 1) * bs]))
+        return hs[:num_blocks]
+
+    def lookup(self, seq: Sequence) -> list[int]:
+        """Cached blocks for the longest run of seq's leading full blocks, never its last token."""
+        if not self.enable_prefix_caching:
+            return []
+        hits = []
+        for h in self._hashes(seq, (seq.num_tokens - 1) // self.block_size):
+            b = self.allocator.block_of.get(h)
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    def blocks_to_admit(self, seq: Sequence, hits: list[int]) -> int:
+        """Free blocks admission takes: new ones for the uncached tokens, plus hits now sitting free."""
+        revived = sum(1 for b in hits if self.allocator.refcount(b) == 0)
+        return self.blocks_for(seq.num_tokens) - len(hits) + revived
+
+    # --- changes ---------------------------------------------------------------
+
+    def admit(self, seq: Sequence, hits: list[int]) -> None:
+        """Give seq its prefix-cache hits (maybe none); its cursor moves past them."""
+        for b in hits:
+            self.allocator.take(b)
+        if hits:
+            self.tables.start_with(seq.seq_id, hits)
+        seq.num_computed = len(hits) * self.block_size
+        self.hit_tokens += seq.num_computed
+
+    def grow(self, seq: Sequence, n: int) -> None:
+        """Blocks for seq's next n tokens (raises OutOfBlocksError, changing nothing, if they do not fit)."""
+        self.tables.grow(seq.seq_id, n)
+
+    def commit(self, seq: Sequence, computed_before: int) -> None:
+        """After a step: register the blocks it filled (seq had computed_before tokens before it)."""
+        if not self.enable_prefix_caching:
+            return
+        full = seq.num_computed // self.block_size
+        blocks = self.tables._blocks[seq.seq_id]
+        hashes = self._hashes(seq, full)
+        for i in range(computed_before // self.block_size, full):
+            b, h = blocks[i], hashes[i]
+            if h not in self.allocator.block_of and b not in self.allocator.hash_of:
+                self.allocator.block_of[h] = b
+                self.allocator.hash_of[b] = h
+
+    def free(self, seq: Sequence) -> None:
+        """Release seq's blocks (finish, abort or preemption); cached ones stay findable."""
+        if seq.seq_id not in self.tables._blocks:
+            return
+        blocks = self.tables._blocks.pop(seq.seq_id)
+        del self.tables._lens[seq.seq_id]
+        self.allocator.free(reversed(blocks))  # tail first: the tail is evicted before the head
