@@ -97,6 +97,23 @@ class SlidingWindow:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """config.json's `rope_scaling` for Llama 3's frequency scaling (rope_type llama3)."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self):
+        if self.rope_type != "llama3":
+            raise SpecError(f"rope_scaling.rope_type must be 'llama3' (the only scaling modelled), got {self.rope_type!r}")
+        if min(self.factor, self.low_freq_factor, self.high_freq_factor, self.original_max_position_embeddings) <= 0:
+            raise SpecError("rope_scaling values must be positive")
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     display_name: str
@@ -120,6 +137,10 @@ class ModelSpec:
     mla: MLA | None = None
     moe: MoE | None = None
     sliding_window: SlidingWindow | None = None
+    # RoPE and norm constants, for models the engine lab runs (labs/engine/config.py).
+    rms_norm_eps: float | None = None
+    rope_theta: float | None = None
+    rope_scaling: RopeScaling | None = None
     derived: tuple[str, ...] = ()
 
     def __post_init__(self):

@@ -294,7 +294,7 @@ def _exit_code(argv) -> int:
 
 @pytest.mark.parametrize("argv, message", [
     (["--model", "llama-9"], "unknown model 'llama-9'"),
-    (["--max-model-len", "-1"], "argument --max-model-len: expected a whole number >= 1"),
+    (["--max-model-len", "-1"], "argument --max-model-len: expected a whole number from 1 to 16,777,216"),
     (["--max-model-len", "131073"], "llama-3.1-8b allows at most 131,072 tokens"),
     (["--gpu", "v100"], "unknown GPU 'v100'"),
     (["--tensor-parallel-size", "3", "--model", "llama-3.1-8b"], "not divisible"),

@@ -20,6 +20,9 @@ from labs.kv_sizing import formula
 from labs.kv_sizing.memory_budget import DEFAULT_GPU_MEMORY_UTILIZATION, GIB, budget
 
 
+# Far above any real value, low enough that no product of them overflows a table.
+MAX_TOKENS = 1 << 24
+MAX_SEQS = 1 << 16
 # A memory amount in GiB: finite and not negative (NaN or inf cannot be itemised).
 GIB_AMOUNT = cli.finite_float(0.0, 1e6, unit="GiB")
 
@@ -38,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="a local Hugging Face config.json instead of --model")
     p.add_argument("--gpu", default="h200", type=cli.choice(specs.all_gpus(), "GPU"),
                    help="GPU name from labs/data/gpus.yaml (default: %(default)s)")
-    p.add_argument("--max-model-len", type=cli.positive_int, default=None,
+    p.add_argument("--max-model-len", type=cli.bounded_int(1, MAX_TOKENS), default=None,
                    help="context length one request may reach, in tokens, up to the model's "
                         "max_position_embeddings (default: that maximum)")
     p.add_argument("--gpu-memory-utilization", type=cli.fraction, default=DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -54,9 +57,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="KV-cache element type; 'auto' uses the model dtype (default: %(default)s)")
     p.add_argument("--tensor-parallel-size", type=cli.bounded_int(1, 1024), default=1,
                    help="GPUs the model is split over; the budget is per GPU (default: %(default)s)")
-    p.add_argument("--max-num-batched-tokens", type=cli.positive_int, default=None,
+    p.add_argument("--max-num-batched-tokens", type=cli.bounded_int(1, MAX_TOKENS), default=None,
                    help="tokens per scheduler step, which sizes the profiling pass (default: vLLM's per-GPU default)")
-    p.add_argument("--max-num-seqs", type=cli.positive_int, default=None,
+    p.add_argument("--max-num-seqs", type=cli.bounded_int(1, MAX_SEQS), default=None,
                    help="requests per step, which sizes the sampler's logits (default: vLLM's per-GPU default)")
     p.add_argument("--activation-gib", type=GIB_AMOUNT, default=None,
                    help="activation peak of the profiling pass in GiB (default: an estimate, labelled as such)")
