@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import io
 import os
 import re
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -41,15 +39,13 @@ from unittest import mock
 
 import pytest
 
+from cli_helpers import GUARD, LABS, TIME_LIMIT_S, TimedOut, load_main, one_line, run_main
 from conftest import ROOT
 
-LABS = ROOT / "labs"
-GUARD = re.compile(r"""^if __name__ == ["']__main__["']:""", re.M)
 MAIN = re.compile(r"^def main\(argv", re.M)
 PATH_KINDS = ("file", "folder", "output-folder", "output-file")
 # Names that say an option is a path, whatever its type.
 PATHY = re.compile(r"(^|_)(out|dir|path|file|config|snapshot|log|junit|json)($|_)|^(DIR|PATH|FILE)$", re.I)
-TIME_LIMIT_S = 20
 HUGE = "1" + "0" * 30
 
 
@@ -64,28 +60,6 @@ def entry_points() -> list[str]:
         elif path.name != "__init__.py" and GUARD.search(text) and MAIN.search(text):
             found.append(".".join(parts))
     return [m for m in found if m not in delegates]  # `python -m pkg` and its cli module are one CLI
-
-
-def load_main(module: str):
-    """The CLI's main(argv), imported without running it."""
-    target = module
-    init = LABS.parent / (module.replace(".", "/") + "/__main__.py")
-    if init.is_file():
-        text = init.read_text(encoding="utf-8")
-        if GUARD.search(text):
-            target = module + ".__main__"
-        else:  # `__main__.py` runs at import: take `main` from where it imports it
-            found = re.search(r"^from ([\w.]+) import main\b", text, re.M)
-            if not found:
-                return None, f"{module}/__main__.py runs at import and names no main(argv) to call"
-            target = found.group(1)
-    try:
-        mod = importlib.import_module(target)
-    except ImportError as exc:  # e.g. torch missing in a site-only install
-        return None, f"{module} cannot be imported here: {exc}"
-    if not hasattr(mod, "main"):
-        return None, f"{target} has no main(argv)"
-    return mod.main, None
 
 
 class _Captured(Exception):
@@ -268,10 +242,6 @@ CASES, SKIPPED = collect()
 # ---------------------------------------------------------------------------
 
 
-class _TimedOut(Exception):
-    pass
-
-
 def path_value(label: str, tmp: Path) -> str:
     (tmp / "a-file").write_text("x")
     (tmp / "a-folder").mkdir(exist_ok=True)
@@ -285,68 +255,6 @@ def path_value(label: str, tmp: Path) -> str:
     }[label]
 
 
-MEMORY_CAP = 3 * 2**30  # address space a refused argument may add before the run is stopped
-
-
-def _memory_cap():
-    """Cap further address space (Linux); a CLI that starts real work on a bad value fails, not the machine."""
-    try:
-        import resource
-
-        vm = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
-                  if line.startswith("VmSize:"))
-    except (ImportError, OSError, StopIteration):
-        return contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def cap():
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = vm + MEMORY_CAP if hard == resource.RLIM_INFINITY else min(hard, vm + MEMORY_CAP)
-        resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-        try:
-            yield
-        finally:
-            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-
-    return cap()
-
-
-def run_main(cli: str, argv: list[str]) -> tuple[int, str, str]:
-    """Call the CLI's main(argv) with CUDA hidden, a time limit and a memory cap; (exit code, stdout, stderr)."""
-    main, _ = load_main(cli)
-    out, err = io.StringIO(), io.StringIO()
-
-    def alarm(signum, frame):
-        raise _TimedOut
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT_S)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _no_cuda(), _memory_cap():
-            try:
-                code = main(argv)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-                if not isinstance(exc.code, (int, type(None))):
-                    err.write(f"{exc.code}\n")
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-    return (0 if code is None else code), out.getvalue(), err.getvalue()
-
-
-@contextlib.contextmanager
-def _no_cuda():
-    with mock.patch.dict(os.environ, {"CUDA_VISIBLE_DEVICES": ""}):
-        try:
-            import torch
-        except ImportError:
-            yield
-            return
-        with mock.patch.object(torch.cuda, "is_available", lambda: False):
-            yield
-
-
 def _parse_only(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[int | None, str]:
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
@@ -355,10 +263,6 @@ def _parse_only(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[int |
         except SystemExit as exc:
             return exc.code, err.getvalue()
     return None, ""
-
-
-def one_line(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.strip()]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -379,7 +283,7 @@ def test_bad_value(case: Case, tmp_path):
         code, err = _parse_only(PARSERS[case.cli], argv)
         if code is None:  # the parser took it: main() must refuse it after parsing
             code, _, err = run_main(case.cli, argv)
-    except _TimedOut:
+    except TimedOut:
         pytest.fail(f"python -m {case.cli} {' '.join(argv)} ran past {TIME_LIMIT_S} s: the run is not bounded")
     except Exception as exc:  # noqa: BLE001  (a traceback is the failure being tested for)
         pytest.fail(f"python -m {case.cli} {' '.join(argv)} raised {type(exc).__name__}: {exc}")

@@ -195,6 +195,20 @@ def parser() -> argparse.ArgumentParser:
 def _setup(a: argparse.Namespace) -> scenarios.Setup:
     if not 0 < a.gpu_memory_utilization <= 1:
         raise specs.SpecError(f"--gpu-memory-utilization must be in (0, 1], got {a.gpu_memory_utilization}")
+    limit = specs.get_model(a.model).max_position_embeddings
+    if a.max_model_len is not None and a.max_model_len > limit:
+        # vLLM 0.33 refuses this at start-up unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
+        raise specs.SpecError(f"argument --max-model-len: {a.model} allows at most {limit:,} tokens "
+                              f"(its max_position_embeddings), got {a.max_model_len:,}")
+    s = _sized(a)
+    # vllm/config/scheduler.py refuses a token budget below max_num_seqs; a run with one would crawl.
+    if a.max_num_batched_tokens is not None and a.max_num_batched_tokens < s.max_num_seqs:
+        raise specs.SpecError(f"argument --max-num-batched-tokens: must be >= max_num_seqs ({s.max_num_seqs}), "
+                              f"as vLLM 0.33 requires; got {a.max_num_batched_tokens}")
+    return s
+
+
+def _sized(a: argparse.Namespace) -> scenarios.Setup:
     return scenarios.setup(a.model, a.gpu, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                            max_model_len=a.max_model_len, kv_cache_dtype=a.kv_cache_dtype,
                            gpu_memory_utilization=a.gpu_memory_utilization,
