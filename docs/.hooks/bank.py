@@ -278,8 +278,8 @@ class Question(_Strict):
 class LessonMeta(_Strict):
     """A lesson's front matter. Sources and the checked date render at its end."""
 
-    title: str = Field(min_length=5)
-    description: str = Field(min_length=10, description="One line for the module index.")
+    title: PlainTitle = Field(min_length=5, max_length=TITLE_CHARS)
+    description: Markdown = Field(min_length=10, max_length=500, description="One line for the module index.")
     order: int = Field(ge=0, description="Position within the module.")
     render_macros: bool = True
     verified: Verified | None = None
