@@ -207,9 +207,9 @@ def register_plot_macros(env) -> None:
                                       vllm_facts()["version"])
 
     @env.macro
-    def paged_attention_plot(table: bool = True) -> str:
-        """The paged kernel's achieved bandwidth per shape against the copy bandwidth (labs/results/)."""
-        return plots.paged_attention_figures(with_table=table)
+    def paged_attention_plot(gpu: str, table: bool = True) -> str:
+        """The named GPU's paged-kernel bandwidth per shape against its copy bandwidth (labs/results/)."""
+        return plots.paged_attention_figures(gpu, with_table=table)
 
     @env.macro
     def kv_calculator(model: str = "llama-3.1-8b", gpu: str = "h200", max_model_len: int = 8192) -> str:

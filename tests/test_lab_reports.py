@@ -7,12 +7,11 @@ must say so and give the command that records it.
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 
-from labs import specs
+from labs import recorded, specs
 from labs.kv_sizing import budget
 from labs.kv_sizing import report as kv_report
 from labs.kv_sizing.memory_budget import GIB
@@ -27,6 +26,15 @@ BUDGET_CASES = [
     ("gemma-3-12b", "h100-sxm", 32768, {}),
 ]
 OOM_SCENARIOS = ["kv-too-small", "prefill-activation", "two-instances", "fragmentation"]
+GPU = "H200"  # the machine the recorded files hold; every macro names the one it shows
+
+
+def _check_run():
+    return recorded.load_results(kv_report.CHECK_RESULT).machine(GPU)
+
+
+def _oom_run():
+    return recorded.load_results(oom_report.RESULT).machine(GPU)
 
 
 def _rows(markdown: str) -> dict[str, list[str]]:
@@ -122,12 +130,12 @@ def test_cli_macro_refuses_bad_arguments():
 
 
 def test_alloc_check_table_shows_recorded_numbers():
-    data = json.loads(kv_report.CHECK_RESULT.read_text())
-    text = kv_report.kv_alloc_check_table()
-    assert data["gpu"] in text and data["date"] in text and "580.159.04" in text
-    for cfg in data["configs"]:
+    m = _check_run()
+    text = kv_report.kv_alloc_check_table(gpu=GPU)
+    assert m.label in text and m.rows[0]["run"]["date"] in text and "580.159.04" in text
+    for cfg in m.rows:
         assert f"{cfg['budget']['num_blocks']:,} blocks × {cfg['budget']['bytes_per_block']:,} B" in text
-        block = kv_report.kv_alloc_check_table(cfg["label"])
+        block = kv_report.kv_alloc_check_table(cfg["label"], gpu=GPU)
         for row in cfg["rows"]:
             line = next(ln for ln in block.splitlines() if ln.startswith(f"| {row['item']} |"))
             if not kv_report._is_flag(row):
@@ -135,23 +143,27 @@ def test_alloc_check_table_shows_recorded_numbers():
 
 
 def test_alloc_check_one_label_and_bad_label():
-    text = kv_report.kv_alloc_check_table("gqa-fp8-kv")
+    text = kv_report.kv_alloc_check_table("gqa-fp8-kv", gpu=GPU)
     assert "gqa-fp8-kv" in text and "gqa-bf16" not in text
-    with pytest.raises(kv_report.ReportError, match="labels are"):
-        kv_report.kv_alloc_check_table("nope")
+    with pytest.raises(kv_report.ReportError, match="labels on NVIDIA H200 are"):
+        kv_report.kv_alloc_check_table("nope", gpu=GPU)
+
+
+def test_alloc_check_for_a_gpu_not_recorded_names_the_recorded_ones():
+    with pytest.raises(kv_report.ReportError, match=r"gpu='A100'.*recorded: \['NVIDIA H200'\]"):
+        kv_report.kv_alloc_check_summary(gpu="A100")
 
 
 def test_alloc_check_summary_matches_json():
-    data = json.loads(kv_report.CHECK_RESULT.read_text())
-    text = kv_report.kv_alloc_check_summary()
-    for cfg in data["configs"]:
+    text = kv_report.kv_alloc_check_summary(gpu=GPU)
+    for cfg in _check_run().rows:
         admitted = next(r for r in cfg["rows"] if "requests admitted" in r["item"])
         assert f"{admitted['predicted']:,} / {admitted['measured']:,}" in text
 
 
 def test_missing_check_file_says_how_to_record(tmp_path):
     for fn in (kv_report.kv_alloc_check_table, kv_report.kv_alloc_check_summary):
-        text = fn(path=str(tmp_path / "kv_alloc_check.json"))
+        text = fn(gpu=GPU, path=str(tmp_path / "kv_alloc_check.json"))
         assert "does not exist" in text and "python -m labs.kv_sizing.check --out" in text and "--record" in text
 
 
@@ -162,38 +174,38 @@ def test_missing_check_file_says_how_to_record(tmp_path):
 
 def test_recorded_transcripts_are_the_cli_text_of_their_numbers():
     """Each stored transcript is exactly what the CLI prints for the numbers stored beside it."""
-    data = json.loads(oom_report.RESULT.read_text())
-    assert sorted(data["scenarios"]) == sorted(OOM_SCENARIOS)
-    for name, r in data["scenarios"].items():
-        assert r["transcript"] == format_report(r), name
+    rows = _oom_run().rows
+    assert sorted(r["scenario"] for r in rows) == sorted(OOM_SCENARIOS)
+    for r in rows:
+        report = {k: v for k, v in r.items() if k not in ("ok", "run")}
+        assert r["transcript"] == format_report(report), r["scenario"]
 
 
 @pytest.mark.parametrize("name", OOM_SCENARIOS)
 def test_oom_scenario_shows_recorded_output(name):
-    data = json.loads(oom_report.RESULT.read_text())
-    r = data["scenarios"][name]
-    text = oom_report.oom_scenario(name)
+    m = _oom_run()
+    r = m.row(scenario=name)
+    text = oom_report.oom_scenario(name, gpu=GPU)
     assert text.startswith("```text\n=== " + name + " ===")
     for part in (r["failure"]["error"], r["diagnosis"]["cause"], r["diagnosis"]["knob"], r["fix"]["knob"]):
         assert part in text
-    assert data["gpu"] in text and data["date"] in text
+    assert m.label in text and r["run"]["date"] in text
 
 
 def test_oom_scenario_unknown_name():
     with pytest.raises(oom_report.ReportError, match="recorded"):
-        oom_report.oom_scenario("out-of-disk")
+        oom_report.oom_scenario("out-of-disk", gpu=GPU)
 
 
 def test_oom_result_is_the_recorded_report(tmp_path):
-    data = json.loads(oom_report.RESULT.read_text())
-    assert oom_report.oom_result("fragmentation") == data["scenarios"]["fragmentation"]
+    assert oom_report.oom_result("fragmentation", gpu=GPU) == _oom_run().row(scenario="fragmentation")
     with pytest.raises(oom_report.ReportError, match="--record"):
-        oom_report.oom_result("fragmentation", str(tmp_path / "oom.json"))
+        oom_report.oom_result("fragmentation", gpu=GPU, path=str(tmp_path / "oom.json"))
 
 
 def test_oom_prefill_peaks_table_matches_json():
-    r = json.loads(oom_report.RESULT.read_text())["scenarios"]["prefill-activation"]
-    rows = _rows(oom_report.oom_prefill_peaks_table())
+    r = _oom_run().row(scenario="prefill-activation")
+    rows = _rows(oom_report.oom_prefill_peaks_table(gpu=GPU))
     for p in r["peak_vs_tokens"]:
         row = rows[f"{p['batched_tokens']:,}"]
         measured = float(re.sub(r"[^\d.]", "", row[0])) * (2**30 if "GiB" in row[0] else 2**20)
@@ -202,15 +214,16 @@ def test_oom_prefill_peaks_table_matches_json():
 
 
 def test_oom_summary_lists_every_scenario():
-    rows = _rows(oom_report.oom_summary_table())
+    rows = _rows(oom_report.oom_summary_table(gpu=GPU))
     assert set(rows) == {f"`{n}`" for n in OOM_SCENARIOS}
     assert all(r[3] == "passed" and r[4] == "yes" for r in rows.values())
 
 
 def test_missing_oom_file_says_how_to_record(tmp_path):
     missing = str(tmp_path / "oom.json")
-    for text in (oom_report.oom_scenario("fragmentation", missing), oom_report.oom_summary_table(missing),
-                 oom_report.oom_prefill_peaks_table(missing)):
+    for text in (oom_report.oom_scenario("fragmentation", gpu=GPU, path=missing),
+                 oom_report.oom_summary_table(gpu=GPU, path=missing),
+                 oom_report.oom_prefill_peaks_table(gpu=GPU, path=missing)):
         assert "does not exist" in text and "python -m labs.oom --scenario" in text and "--record" in text
 
 

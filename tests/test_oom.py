@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -75,9 +74,12 @@ def test_no_memory_at_all_is_capacity():
 @pytest.mark.skipif(not RESULTS.exists(), reason="labs/results/oom.json not recorded yet")
 def test_recorded_results_diagnose_the_same_on_cpu():
     """The recorded GPU evidence, re-diagnosed here, gives the recorded cause."""
-    data = json.loads(RESULTS.read_text())
-    assert set(data["scenarios"]) == set(CASES)
-    for name, report in data["scenarios"].items():
+    from labs import recorded
+
+    rows = recorded.load_results(RESULTS).machine("H200").rows
+    assert {r["scenario"] for r in rows} == set(CASES)
+    for report in rows:
+        name = report["scenario"]
         ev = Evidence(**report["evidence"])
         assert diagnose(ev).kind == report["diagnosis"]["kind"] == name
         assert report["as_predicted"], name

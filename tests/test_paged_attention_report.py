@@ -16,9 +16,19 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from labs import recorded
 from labs.paged_attention import bench, report
 
-RECORDED = json.loads(bench.RESULTS_PATH.read_text(encoding="utf-8"))["gpus"]
+RECORDED_FILE = recorded.load_results(bench.RESULTS_PATH)
+
+
+def _as_entries(results: recorded.Results) -> dict:
+    """GPU label -> {gpu, rows, **run}: the recorded file in the shape the assertions below read."""
+    return {label: {"gpu": label, **m.rows[0]["run"], "rows": m.rows, "table": m.derived.get("table")}
+            for label, m in results.machines.items()}
+
+
+RECORDED = _as_entries(RECORDED_FILE)
 
 
 def _row(shape: str, batch: int, ctx: int, hq: int, hkv: int, time_us: float, copy_tb_s: float) -> dict:
@@ -60,7 +70,8 @@ def results(tmp_path, monkeypatch):
         if text is not None:
             path.write_text(text)
         else:
-            bench.write_json(path, gpus)
+            for entry in gpus.values():  # one --record run per GPU
+                bench.record(entry, path)
         return path
 
     return write
@@ -96,25 +107,39 @@ def _assert_table_matches(markdown: str, gpus: dict) -> None:
         assert _num(frac) == r["copy_fraction"]
         assert _num(sdpa) == pytest.approx(r["sdpa_time_us"], abs=0.05)
         assert _num(ratio) == r["ratio_to_sdpa"]
-        assert backend == e["sdpa_backend"]
+        assert backend == (r["run"]["sdpa_backend"] if "run" in r else e["sdpa_backend"])
 
 
 def test_table_of_the_recorded_file_shows_its_numbers():
-    md = report.paged_attention_results_table()
-    _assert_table_matches(md, RECORDED)
-    for e in RECORDED.values():
+    for label, e in RECORDED.items():
+        md = report.paged_attention_results_table(gpu=label)
+        _assert_table_matches(md, {label: e})
         for value in (e["gpu"], e["driver"], e["torch"], e["triton"], e["date"], f"{e['copy_tb_s']:.2f} TB/s"):
             assert value in md
 
 
-def test_one_table_per_gpu_each_with_its_own_environment(results):
+def test_each_gpu_is_a_table_with_its_own_environment(results):
     results(TWO_GPUS)
-    md = report.paged_attention_results_table()
-    _assert_table_matches(md, TWO_GPUS)
-    alpha, beta = md.split("**GPU Beta**")
+    alpha = report.paged_attention_results_table(gpu="GPU Alpha")
+    beta = report.paged_attention_results_table(gpu="GPU Beta")
+    _assert_table_matches(alpha, {"GPU Alpha": TWO_GPUS["GPU Alpha"]})
+    _assert_table_matches(beta, {"GPU Beta": TWO_GPUS["GPU Beta"]})
     assert "**GPU Alpha**" in alpha and "2030-01-02" in alpha and "2030-03-04" not in alpha
     assert "2030-03-04" in beta and "7.50 TB/s" in beta and "| flash |" in beta
-    assert md.count("| Shape |") == 2
+
+
+def test_a_second_gpu_recorded_keeps_the_first_and_every_page_macro_still_renders(tmp_path, monkeypatch):
+    """Recording another GPU used to break the build: the headline picked no GPU. Each macro names one now."""
+    path = tmp_path / "paged_attention.json"
+    path.write_text(bench.RESULTS_PATH.read_text(encoding="utf-8"))
+    monkeypatch.setattr(report, "RESULTS_PATH", path)
+    print(bench.record(TWO_GPUS["GPU Beta"], path))
+    after = recorded.load_results(path)
+    assert sorted(after.machines) == sorted([*RECORDED, "GPU Beta"])
+    for label, e in RECORDED.items():
+        assert after.machines[label].rows == e["rows"]
+        assert f"{e['rows'][1]['time_us']:,.1f} µs" in report.paged_attention_headline(e["rows"][1]["shape"], gpu=label)
+    assert "GPU Beta" in report.paged_attention_headline("b8-l1k", gpu="GPU Beta")
 
 
 def test_gpu_argument_picks_one_table(results):
@@ -127,26 +152,37 @@ def test_gpu_argument_picks_one_table(results):
         report.paged_attention_results_table(gpu="gamma")
 
 
-@pytest.mark.parametrize("content", ["missing", "empty", "no gpus"])
-def test_without_results_the_page_says_how_to_record_them(results, content):
-    if content == "empty":
-        results(text="")
-    elif content == "no gpus":
-        results({})
-    for md in (report.paged_attention_results_table(), report.paged_attention_env(),
-               report.paged_attention_headline()):
-        assert md.startswith("No paged-attention results are recorded yet.")
+def test_without_results_the_page_says_how_to_record_them(results):
+    for md in (report.paged_attention_results_table("Alpha"), report.paged_attention_env("Alpha"),
+               report.paged_attention_headline("b8-l1k", "Alpha")):
+        assert md.startswith("No paged-attention results are recorded yet (the page shows Alpha).")
         assert report.RECORD_COMMAND in md
         assert "|" not in md
-    assert report.paged_attention_recorded() is False
+    assert report.paged_attention_recorded("Alpha") is False
     with pytest.raises(report.ResultsError, match="paged_attention_recorded"):
-        report.paged_attention_row("b32-l4k")
+        report.paged_attention_row("b32-l4k", "Alpha")
 
 
-def test_malformed_file_fails_loudly(results):
-    results(text=json.dumps({"schema": 99, "gpus": {}}))
-    with pytest.raises(report.ResultsError, match="schema 1"):
-        report.paged_attention_results_table()
+def test_a_gpu_the_file_does_not_hold_is_an_error_naming_those_it_does(results):
+    results({"GPU Beta": TWO_GPUS["GPU Beta"]})
+    assert report.paged_attention_recorded("Alpha") is False  # for a page's {% if %}
+    for call in (lambda: report.paged_attention_results_table("Alpha"), lambda: report.paged_attention_env("Alpha"),
+                 lambda: report.paged_attention_headline("b8-l1k", "Alpha")):
+        with pytest.raises(report.ResultsError, match=r"'Alpha'.*recorded: \['GPU Beta'\]"):
+            call()
+
+
+@pytest.mark.parametrize("text", ["", '{"schema": 2, "lab": "paged_attention", "key": ["sha', "{\n  \"schema\": 2,\n  oops"])
+def test_a_truncated_file_names_the_file_and_position(results, text):
+    results(text=text)
+    with pytest.raises(recorded.RecordedError, match=r"paged_attention\.json:\d+:\d+: not valid JSON"):
+        report.paged_attention_results_table("Alpha")
+
+
+def test_an_old_layout_fails_loudly(results):
+    results(text=json.dumps({"schema": 1, "gpus": {}}))
+    with pytest.raises(recorded.RecordedError, match="\"schema\": 2 .*found schema 1"):
+        report.paged_attention_results_table("Alpha")
 
 
 def test_headline_and_row_quote_the_recorded_row(results):
@@ -160,12 +196,13 @@ def test_headline_and_row_quote_the_recorded_row(results):
     assert "(2, 9000, 16, 4)" in line
     with pytest.raises(report.ResultsError, match="b8-l1k"):
         report.paged_attention_row("b1-l4k", gpu="GPU Alpha")
-    with pytest.raises(report.ResultsError, match="several GPUs"):
-        report.paged_attention_row("b8-l1k")
+    with pytest.raises(report.ResultsError, match="matches 2"):
+        report.paged_attention_row("b8-l1k", gpu="GPU")
 
 
 def test_recorded_transcript_is_what_format_table_prints():
     """The `table` string a question shows as the command's output is derived from the rows."""
+    assert RECORDED
     for e in RECORDED.values():
         assert e["table"] == bench.format_table(e["rows"])
         assert e["table"].splitlines()[0] == bench.TABLE_HEADER
@@ -177,7 +214,7 @@ def test_macros_are_prefixed_unique_and_torch_free():
     names = [fn.__name__ for fn in report.MACROS]
     assert len(names) == len(set(names))
     assert all(n.startswith("paged_attention_") for n in names)
-    code = ("import sys; from labs.paged_attention import report; report.paged_attention_results_table(); "
+    code = ("import sys; from labs.paged_attention import report; report.paged_attention_results_table('H200'); "
             "assert 'torch' not in sys.modules and 'triton' not in sys.modules, sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -17,6 +17,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "docs" / ".hooks")]
 import plots  # noqa: E402
 from labs import specs  # noqa: E402
 from labs.kv_sizing import budget, formula, memory_budget  # noqa: E402
+from labs.paged_attention import bench  # noqa: E402
 
 SVG = re.compile(r"<svg .*?</svg>", re.S)
 
@@ -103,8 +104,8 @@ RUN = {
 
 def test_paged_attention_figure_draws_every_recorded_shape_against_the_copy_bandwidth(tmp_path):
     path = tmp_path / "paged_attention.json"
-    path.write_text(json.dumps(RUN), encoding="utf-8")
-    figure = plots.paged_attention_figures(path)
+    bench.record(RUN["gpus"]["NVIDIA H200"], path)
+    figure = plots.paged_attention_figures("H200", path)
     (svg,) = _svgs(figure)
     bars = [r for r in svg.iter("{http://www.w3.org/2000/svg}rect") if "plot-seg--kv" in r.get("class", "")]
     assert len(bars) == 2 + 1  # two shapes, one legend swatch
@@ -113,7 +114,7 @@ def test_paged_attention_figure_draws_every_recorded_shape_against_the_copy_band
 
 
 def test_paged_attention_figure_says_so_when_nothing_is_recorded(tmp_path):
-    assert "No results recorded yet" in plots.paged_attention_figures(tmp_path / "missing.json")
+    assert "No results recorded yet" in plots.paged_attention_figures("H200", tmp_path / "missing.json")
 
 
 def test_calculator_data_is_the_labs_data():

@@ -175,7 +175,9 @@ class LabRun(_Strict):
 
     `output: run` makes the build run the command (torch-free labs only) and show
     what it prints; a path under labs/results/ shows a recorded GPU run, and a
-    `file.json#a.b` path picks one string out of a recorded JSON file.
+    `file.json#a.b` path picks one string out of a recorded JSON file. In a
+    recorded-results file (labs/recorded.py) a row is named by its key and the
+    machine by its label: `oom.json#machines.NVIDIA H200.rows.fragmentation.transcript`.
     """
 
     command: str = Field(pattern=r"^python -m labs\.[a-z_.]+( .*)?$")
@@ -683,6 +685,13 @@ def main(argv: list[str] | None = None) -> int:
         from labs.datafile import DataError
         from site_data import load_glossary
 
+        from labs import recorded
+
+        try:
+            recorded.check_all(root / "labs" / "results")
+        except recorded.RecordedError as err:
+            print(f"1 problem(s) in the recorded lab results:\n  {err}")
+            return 1
         try:
             bank = load_bank(root)
             load_glossary(root)

@@ -90,9 +90,22 @@ def _expand_nav(nav: list, expansions: dict[str, list]) -> list:
 # ---------------------------------------------------------------------------
 
 
+def _check_recorded_results(root: Path) -> None:
+    """Read every labs/results/*.json once, so a broken file stops the build with its name and position."""
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from labs import recorded
+
+    try:
+        recorded.check_all(root / "labs" / "results")
+    except recorded.RecordedError as err:
+        raise PluginError(f"recorded lab results: {err}") from None
+
+
 def on_config(config):
     root = _root(config)
     render.clear_lab_outputs()
+    _check_recorded_results(root)
     try:
         bank = bank_lib.get_bank(root)
         _state["abbreviations"] = glossary.abbreviation_lines(root)

@@ -143,12 +143,24 @@ def _lab_output(root: Path, command: str, output: str) -> str:
         return path.read_text(encoding="utf-8").rstrip()
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LabOutputError(f"recorded output {path_part} is not valid JSON ({exc})") from None
-    for part in key.split("."):
-        if not isinstance(value, dict) or part not in value:
+    except json.JSONDecodeError as err:
+        raise LabOutputError(f"{path_part}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
+    except UnicodeDecodeError:
+        raise LabOutputError(f"{path_part}: not UTF-8") from None
+    # A row of a recorded-results file (labs/recorded.py) is named by its key: `rows.fragmentation`.
+    row_key = value.get("key") if isinstance(value, dict) and isinstance(value.get("key"), list) else None
+    rest = key
+    while rest:
+        # Names may hold dots (a machine "2x GPU (PCIe 5.0)"): take the longest that matches.
+        names: dict[str, object] = {}
+        if isinstance(value, dict):
+            names = value
+        elif isinstance(value, list) and row_key:
+            names = {"/".join(str(r.get(f)) for f in row_key): r for r in value if isinstance(r, dict)}
+        match = max((k for k in names if rest == k or rest.startswith(k + ".")), key=len, default=None)
+        if match is None:
             raise LabOutputError(f"{path_part} has no key '{key}'")
-        value = value[part]
+        value, rest = names[match], rest[len(match) + 1:]
     if not isinstance(value, str):
         raise LabOutputError(f"{output} is not a string of recorded output")
     return value.rstrip()

@@ -334,10 +334,10 @@ def kv_budget_figure(budgets: list, model_names: dict[str, str], gpu, max_model_
 # ---------------------------------------------------------------------------
 
 
-def paged_attention_svg(entry: dict) -> str:
+def paged_attention_svg(label: str, rows: list[dict]) -> str:
     """Per shape: the kernel's achieved TB/s and SDPA's, against the device's measured copy bandwidth."""
-    rows = entry["rows"]
-    copy = entry["copy_tb_s"]
+    copies = {r["run"]["copy_tb_s"] for r in rows}
+    copy = max(copies)  # one run, one value; rows of several runs show the highest they were measured against
     row_h, top, left = 30, 40, 150
     width = 720
     height = top + row_h * len(rows) + 40
@@ -370,34 +370,32 @@ def paged_attention_svg(entry: dict) -> str:
     x = xs(copy)
     body.append(_line(x, top - 8, x, height - 34, "plot-roof plot-roof--copy"))
     body.append(_text(x - 4, top - 12, f"copy {copy:.2f} TB/s", "plot-note", "end"))
-    return _svg(width, height, f"Paged decode kernel bandwidth per shape on {entry['gpu']}", body, "plot--paged")
+    return _svg(width, height, f"Paged decode kernel bandwidth per shape on {label}", body, "plot--paged")
 
 
-def paged_attention_figures(path: Path | None = None, with_table: bool = True) -> str:
-    """One figure per GPU; `with_table=False` where the page already shows the results table."""
-    from labs.paged_attention.report import load_results  # the lab owns its file's schema
+def paged_attention_figures(gpu: str, path: Path | None = None, with_table: bool = True) -> str:
+    """The named GPU's figure; `with_table=False` where the page already shows the results table."""
+    from labs.paged_attention.report import load_results  # the lab owns its file
 
-    gpus = load_results(path)
-    if not gpus:
-        return ('!!! note "No results recorded yet"\n    The paged-attention benchmark has not been recorded on a '
-                "GPU yet. Run `python -m labs.paged_attention.bench --out out/pa --record` on a CUDA GPU; this "
-                "figure is drawn from `labs/results/paged_attention.json`.\n")
-    out = []
-    for name, entry in gpus.items():
-        rows = [[
-            r["shape"], f"{r['batch']}", f"{r['context_len']:,}", f"{r['q_heads']}/{r['kv_heads']}",
-            f"{r['kv_bytes'] / 2**20:,.1f}", f"{r['time_us']:,.1f}", f"{r['tb_s']:.2f}", f"{r['copy_fraction']:.0%}",
-            f"{r['sdpa_time_us']:,.1f}",
-        ] for r in entry["rows"]]
-        table = _table(["Shape", "Batch", "Context", "Heads q/kv", "KV read (MiB)", "Kernel (µs)", "TB/s",
-                        "of copy", "SDPA (µs)"], rows)
-        caption = (
-            f"<strong>{_esc(entry['gpu'])}</strong>, measured {_esc(entry['date'])} (torch {_esc(entry['torch'])}, "
-            f"Triton {_esc(entry['triton'])}, CUDA {_esc(entry['cuda'])}). Copy bandwidth measured in the same run: "
-            f"{entry['copy_tb_s']:.2f} TB/s. Median of CUDA-graph replays with the L2 cleared."
-        )
-        out.append(_figure(paged_attention_svg(entry), caption, table if with_table else ""))
-    return "\n".join(out)
+    results = load_results(path)
+    if results is None or not results.machines:
+        return (f'!!! note "No results recorded yet"\n    The paged-attention benchmark has not been recorded on '
+                f"{_esc(gpu)} yet. Run `python -m labs.paged_attention.bench --out out/pa --record` on a CUDA GPU; "
+                "this figure is drawn from `labs/results/paged_attention.json`.\n")
+    m = results.machine(gpu)  # a GPU the file does not hold is an error naming those it does
+    rows = [[
+        r["shape"], f"{r['batch']}", f"{r['context_len']:,}", f"{r['q_heads']}/{r['kv_heads']}",
+        f"{r['kv_bytes'] / 2**20:,.1f}", f"{r['time_us']:,.1f}", f"{r['tb_s']:.2f}", f"{r['copy_fraction']:.0%}",
+        f"{r['sdpa_time_us']:,.1f}",
+    ] for r in m.rows]
+    table = _table(["Shape", "Batch", "Context", "Heads q/kv", "KV read (MiB)", "Kernel (µs)", "TB/s",
+                    "of copy", "SDPA (µs)"], rows)
+    runs = "; ".join(
+        f"measured {_esc(run['date'])} (torch {_esc(run['torch'])}, Triton {_esc(run['triton'])}, "
+        f"CUDA {_esc(run['cuda'])}), copy bandwidth in the same run {run['copy_tb_s']:.2f} TB/s"
+        for run in m.runs)
+    caption = f"<strong>{_esc(m.label)}</strong>, {runs}. Median of CUDA-graph replays with the L2 cleared."
+    return _figure(paged_attention_svg(m.label, m.rows), caption, table if with_table else "")
 
 
 # ---------------------------------------------------------------------------

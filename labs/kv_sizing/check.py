@@ -48,6 +48,7 @@ from labs import cli, specs
 from labs.kv_sizing import formula
 from labs.kv_sizing.memory_budget import GIB, budget, estimate_activation_peak
 from labs.paged_attention.cache import BlockAllocator, BlockTables, OutOfBlocksError, PagedKVCache
+from labs.recorded import Machine, RecordedError, record_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT_NAME = "kv_alloc_check.json"
@@ -381,13 +382,27 @@ def _print(report: dict) -> None:
     print("\nall checks match" if report["ok"] else "\nSOME CHECKS FAILED")
 
 
+def record(report: dict, path: Path | None = None, replace: bool = False):
+    """Merge one run's report (as --out writes it) into the recorded file, one row per configuration."""
+    run = {k: report[k] for k in ("date", "driver_and_memory", "total_memory_bytes", "total_memory_mib",
+                                  "versions", "vllm_version_modelled")}
+    return record_rows(path or ROOT / "labs" / "results" / RESULT_NAME, "kv_sizing.check", Machine(report["gpu"]),
+                       report["configs"], ["label"], run, replace=replace)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = cli.Parser(prog="python -m labs.kv_sizing.check", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=cli.output_dir, metavar="DIR",
                    help="folder to write kv_alloc_check.json into (created if missing)")
     p.add_argument("--record", action="store_true",
-                   help="also write labs/results/kv_alloc_check.json, which the site renders")
+                   help="also merge the configurations into labs/results/kv_alloc_check.json, which the site "
+                        "renders; other configurations and GPUs stay, and a failing configuration does not "
+                        "replace a passing one")
+    p.add_argument("--replace", action="store_true",
+                   help="with --record: record a failing configuration even over a passing one")
     args = p.parse_args(argv)
+    if args.replace and not args.record:
+        p.error("--replace only applies with --record")
     if not torch.cuda.is_available():
         print("error: this check needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
@@ -398,9 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(report, indent=2) + "\n"
     (out / RESULT_NAME).write_text(text)
     if args.record:
-        path = ROOT / "labs" / "results" / RESULT_NAME
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        try:
+            print(record(report, replace=args.replace))
+        except RecordedError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     return 0 if report["ok"] else 1
 
 

@@ -223,13 +223,31 @@ def kv_sizing_cli(args: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _provenance(data: dict) -> str:
-    driver, _, smi_total = data.get("driver_and_memory", "").partition(",")
-    v = data.get("versions", {})
-    return (f"Measured on an {data['gpu']} on {data['date']}: driver {driver.strip() or 'unknown'}, nvidia-smi "
-            f"total {smi_total.strip() or 'unknown'}, cudaMemGetInfo total {data['total_memory_mib']:,} MiB; "
-            f"torch {v.get('torch', '?')}, CUDA {v.get('cuda', '?')}. vLLM itself did not run: the check "
-            f"allocates what the calculator predicts for vLLM {data.get('vllm_version_modelled', '0.33.0')}.")
+def _provenance(m: recorded.MachineResults, configs: list[dict]) -> str:
+    runs = []
+    for c in configs:
+        if c["run"] not in runs:
+            runs.append(c["run"])
+    parts = []
+    for run in runs:
+        driver, _, smi_total = run.get("driver_and_memory", "").partition(",")
+        v = run.get("versions", {})
+        parts.append(f"on {run['date']}: driver {driver.strip() or 'unknown'}, nvidia-smi total "
+                     f"{smi_total.strip() or 'unknown'}, cudaMemGetInfo total {run['total_memory_mib']:,} MiB; "
+                     f"torch {v.get('torch', '?')}, CUDA {v.get('cuda', '?')}")
+    modelled = runs[0].get("vllm_version_modelled", "0.33.0") if runs else "0.33.0"
+    return (f"Measured on an {m.label} {'; and '.join(parts)}. vLLM itself did not run: the check "
+            f"allocates what the calculator predicts for vLLM {modelled}.")
+
+
+def _check_machine(gpu: str, file: Path) -> recorded.MachineResults | None:
+    data = recorded.load_results(file)
+    if data is None:
+        return None
+    try:
+        return data.machine(gpu)
+    except recorded.RecordedError as err:
+        raise ReportError(f"kv_alloc_check: {err}") from None
 
 
 def _is_flag(row: dict) -> bool:
@@ -252,16 +270,16 @@ def _tolerance(row: dict) -> str:
     return "exact" if not tol else f"± {_bytes(tol)}"
 
 
-def kv_alloc_check_table(label: str | None = None, path: str | None = None) -> str:
-    """Predicted against measured, row by row, for one configuration of the check (or all of them)."""
+def kv_alloc_check_table(label: str | None = None, *, gpu: str, path: str | None = None) -> str:
+    """Predicted against measured on the named GPU, row by row, for one configuration of the check (or all)."""
     file = Path(path) if path else CHECK_RESULT
-    data = recorded.load(file)
-    if data is None:
+    m = _check_machine(gpu, file)
+    if m is None:
         return recorded.missing(file, CHECK_COMMAND)
-    configs = [c for c in data["configs"] if label is None or c["label"] == label]
+    configs = [c for c in m.rows if label is None or c["label"] == label]
     if not configs:
-        raise ReportError(f"kv_alloc_check_table({label!r}): labels are {[c['label'] for c in data['configs']]}")
-    blocks = [_provenance(data)]
+        raise ReportError(f"kv_alloc_check_table({label!r}): labels on {m.label} are {[c['label'] for c in m.rows]}")
+    blocks = [_provenance(m, configs)]
     for c in configs:
         bud = c["budget"]
         blocks.append(
@@ -275,15 +293,16 @@ def kv_alloc_check_table(label: str | None = None, path: str | None = None) -> s
     return "\n\n".join(blocks)
 
 
-def kv_alloc_check_summary(path: str | None = None) -> str:
-    """One line per configuration: the pool predicted and allocated, and the requests it admitted."""
+def kv_alloc_check_summary(*, gpu: str, path: str | None = None) -> str:
+    """One line per configuration checked on the named GPU: the pool predicted and allocated, and the
+    requests it admitted."""
     file = Path(path) if path else CHECK_RESULT
-    data = recorded.load(file)
-    if data is None:
+    m = _check_machine(gpu, file)
+    if m is None:
         return recorded.missing(file, CHECK_COMMAND)
     lines = ["| Configuration | Blocks | Pool predicted | Pool allocated (driver) | Requests admitted, predicted / measured | All checks |",
              "|---|---:|---:|---:|---:|---|"]
-    for c in data["configs"]:
+    for c in m.rows:
         pool = next(r for r in c["rows"] if r["item"].startswith("KV pool (driver"))
         admitted = next(r for r in c["rows"] if "requests admitted" in r["item"])
         lines.append(
@@ -291,7 +310,7 @@ def kv_alloc_check_summary(path: str | None = None) -> str:
             f"L={c['max_model_len']:,} | {c['budget']['num_blocks']:,} | {_gib(pool['predicted'])} | "
             f"{_gib(pool['measured'])} | {admitted['predicted']:,} / {admitted['measured']:,} | "
             f"{'pass' if c['ok'] else '**fail**'} |")
-    lines += ["", _provenance(data)]
+    lines += ["", _provenance(m, m.rows)]
     return "\n".join(lines)
 
 

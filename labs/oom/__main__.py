@@ -25,8 +25,9 @@ from pathlib import Path
 
 from labs import cli
 from labs.oom.transcript import format_report
+from labs.recorded import RESULTS_DIR, Machine, RecordedError, record_rows
 
-ROOT = Path(__file__).resolve().parents[2]
+RESULT = RESULTS_DIR / "oom.json"
 NAMES = ("kv-too-small", "prefill-activation", "two-instances", "fragmentation")
 
 
@@ -42,8 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", type=cli.output_dir,
                    help="write the report as DIR/oom.json (DIR is created if missing)")
     p.add_argument("--record", action="store_true",
-                   help="also merge the report into labs/results/oom.json, which the site renders "
-                        "(each scenario with the text printed for it, as 'transcript')")
+                   help="also merge the scenarios run into labs/results/oom.json, which the site renders "
+                        "(each with the text printed for it, as 'transcript'); other scenarios and other "
+                        "GPUs stay, and a scenario that did not behave as predicted does not replace one "
+                        "that did")
+    p.add_argument("--replace", action="store_true",
+                   help="with --record: record a scenario that did not behave as predicted even over one that did")
     p.add_argument("--fragment-child", action="store_true",
                    help="internal: run the fragmentation allocation pattern in this fresh process and print JSON")
     return p
@@ -56,12 +61,21 @@ def _snapshot_path(base: Path | None, name: str, many: bool) -> str | None:
     return str(p.with_name(f"{p.stem}-{name}{p.suffix}"))
 
 
+def record(doc: dict, path: Path | None = None, replace: bool = False):
+    """Merge one run's document (as --out writes it) into the recorded file, one row per scenario."""
+    run = {k: doc[k] for k in ("date", "total_memory_bytes", "versions")}
+    rows = [{**report, "ok": bool(report["as_predicted"])} for report in doc["scenarios"].values()]
+    return record_rows(path or RESULT, "oom", Machine(doc["gpu"]), rows, ["scenario"], run, replace=replace)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     # Every argument is checked before torch or CUDA: a bad flag is reported as such, on any machine.
     if not args.scenario and not args.fragment_child:
         cli.reject(parser, "--scenario", "is required: one of " + ", ".join((*NAMES, "all")))
+    if args.replace and not args.record:
+        cli.reject(parser, "--replace", "only applies with --record")
     try:
         import torch
     except ImportError:
@@ -96,11 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "oom.json").write_text(json.dumps(doc, indent=2) + "\n")
     if args.record:
-        path = ROOT / "labs" / "results" / "oom.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        old = json.loads(path.read_text()) if path.exists() else {}
-        doc["scenarios"] = {**old.get("scenarios", {}), **reports}
-        path.write_text(json.dumps(doc, indent=2) + "\n")
+        try:
+            print(record(doc, replace=args.replace))
+        except RecordedError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     return 0 if all(r["as_predicted"] for r in reports.values()) else 1
 
 

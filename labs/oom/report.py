@@ -1,9 +1,10 @@
 """The OOM lab's recorded runs as Markdown for the site. No torch here.
 
 Everything shown comes from labs/results/oom.json, which
-`python -m labs.oom --scenario all --out DIR --record` writes on a CUDA GPU:
-the text the CLI printed for each scenario (its `transcript`), and the
-numbers behind it. macros.py registers every function in `MACROS` as a page
+`python -m labs.oom --scenario all --out DIR --record` writes on a CUDA GPU
+through labs/recorded.py: one row per scenario and GPU, with the text the CLI
+printed for it (its `transcript`) and the numbers behind it. Every macro takes
+the GPU it shows (`gpu="H200"`), and the text it renders names it. macros.py registers every function in `MACROS` as a page
 macro under its own name, hence the `oom_` prefix.
 """
 
@@ -21,70 +22,92 @@ GIB, MIB = 2**30, 2**20
 
 
 class ReportError(ValueError):
-    """A macro asked for a scenario the recorded file does not hold; the build fails with this."""
+    """A macro asked for a GPU or scenario the recorded file does not hold; the build fails with this."""
 
 
-def _provenance(data: dict) -> str:
-    v = data.get("versions", {})
-    return (f"Recorded on an {data['gpu']} ({data['total_memory_bytes'] / GIB:.2f} GiB as cudaMemGetInfo reports it) "
-            f"on {data['date']}, torch {v.get('torch', '?')}, CUDA {v.get('cuda', '?')}.")
+def _provenance(m: recorded.MachineResults, rows: list[dict]) -> str:
+    runs = []
+    for r in rows:
+        if r["run"] not in runs:
+            runs.append(r["run"])
+    parts = []
+    for run in runs:
+        v = run.get("versions", {})
+        parts.append(f"{run['total_memory_bytes'] / GIB:.2f} GiB as cudaMemGetInfo reports it, on {run['date']}, "
+                     f"torch {v.get('torch', '?')}, CUDA {v.get('cuda', '?')}")
+    return f"Recorded on an {m.label} ({'; '.join(parts)})."
 
 
-def _scenario(data: dict, name: str) -> dict:
-    if name not in data["scenarios"]:
-        raise ReportError(f"oom: no recorded scenario {name!r}; recorded: {sorted(data['scenarios'])}")
-    return data["scenarios"][name]
+def _machine(gpu: str, file: Path) -> recorded.MachineResults | None:
+    """The named GPU's rows, or None when the file does not exist."""
+    data = recorded.load_results(file)
+    if data is None:
+        return None
+    try:
+        return data.machine(gpu)
+    except recorded.RecordedError as err:
+        raise ReportError(f"oom: {err}") from None
+
+
+def _scenario(m: recorded.MachineResults, name: str) -> dict:
+    if not m.has(scenario=name):
+        raise ReportError(f"oom: no recorded scenario {name!r} on {m.label}; recorded: "
+                          f"{sorted(r['scenario'] for r in m.rows)}")
+    return m.row(scenario=name)
 
 
 def _size(n: int) -> str:
     return f"{n / GIB:,.2f} GiB" if n >= GIB else f"{n / MIB:,.0f} MiB"
 
 
-def oom_result(name: str, path: str | None = None) -> dict:
-    """One recorded scenario's report, for pages that quote a single number (`.evidence.free`)."""
+def oom_result(name: str, *, gpu: str, path: str | None = None) -> dict:
+    """One scenario's report recorded on the named GPU, for pages that quote a single number (`.evidence.free`)."""
     file = Path(path) if path else RESULT
-    data = recorded.load(file)
-    if data is None:
-        raise ReportError(f"{file} does not exist: on a CUDA GPU, run "
+    m = _machine(gpu, file)
+    if m is None:
+        raise ReportError(f"{recorded.shown_path(file)} does not exist: on a CUDA GPU, run "
                           f"`python -m labs.oom --scenario {name} --out /tmp/oom --record`")
-    return _scenario(data, name)
+    return _scenario(m, name)
 
 
-def oom_scenario(name: str, path: str | None = None) -> str:
-    """The recorded output of `python -m labs.oom --scenario NAME`, in a text block, with where it ran."""
+def oom_scenario(name: str, *, gpu: str, path: str | None = None) -> str:
+    """The output of `python -m labs.oom --scenario NAME` recorded on the named GPU, in a text block, with where it ran."""
     file = Path(path) if path else RESULT
-    data = recorded.load(file)
-    if data is None:
+    m = _machine(gpu, file)
+    if m is None:
         return recorded.missing(file, f"python -m labs.oom --scenario {name} --out /tmp/oom --record")
-    r = _scenario(data, name)
-    # A file recorded before transcripts were stored: the same formatter the CLI prints with.
+    r = _scenario(m, name)
+    # A row recorded before transcripts were stored: the same formatter the CLI prints with.
     text = r.get("transcript") or format_report(r)
-    return f"```text\n{text}\n```\n\n{_provenance(data)}"
+    return f"```text\n{text}\n```\n\n{_provenance(m, [r])}"
 
 
-def oom_summary_table(path: str | None = None) -> str:
-    """One row per scenario: the error, the diagnosed cause, the fix and whether the run after it passed."""
+def oom_summary_table(*, gpu: str, path: str | None = None) -> str:
+    """One row per scenario recorded on the named GPU: the error, the diagnosed cause, the fix and whether the
+    run after it passed."""
     file = Path(path) if path else RESULT
-    data = recorded.load(file)
-    if data is None:
+    m = _machine(gpu, file)
+    if m is None:
         return recorded.missing(file, RECORD_COMMAND)
     lines = ["| Scenario | What failed | Diagnosed as | Fix applied | After the fix | Memory back to baseline |",
              "|---|---|---|---|---|---|"]
-    for name, r in data["scenarios"].items():
+    for r in m.rows:
+        name = r["scenario"]
         error = r["failure"]["error"].split(":")[0]
         lines.append(f"| `{name}` | `{error}` | {r['diagnosis']['kind']} | `{r['fix']['knob']}` | "
                      f"{'passed' if r['fix']['passed'] else '**failed**'} | "
                      f"{'yes' if r['memory']['back_to_baseline'] else '**no**'} |")
-    return "\n".join(lines) + "\n\n" + _provenance(data)
+    return "\n".join(lines) + "\n\n" + _provenance(m, m.rows)
 
 
-def oom_prefill_peaks_table(path: str | None = None) -> str:
-    """Measured activation peak of one decoder layer against batched tokens, beside the calculator's estimate."""
+def oom_prefill_peaks_table(*, gpu: str, path: str | None = None) -> str:
+    """Activation peak of one decoder layer against batched tokens, measured on the named GPU, beside the
+    calculator's estimate."""
     file = Path(path) if path else RESULT
-    data = recorded.load(file)
-    if data is None:
+    m = _machine(gpu, file)
+    if m is None:
         return recorded.missing(file, "python -m labs.oom --scenario prefill-activation --out /tmp/oom --record")
-    r = _scenario(data, "prefill-activation")
+    r = _scenario(m, "prefill-activation")
     model = specs.get_model(r["model"])
     lines = ["| Batched tokens | Measured peak (torch) | Per token | Calculator's MLP estimate | Measured ÷ estimate |",
              "|---:|---:|---:|---:|---:|"]
@@ -102,7 +125,7 @@ def oom_prefill_peaks_table(path: str | None = None) -> str:
         f"the pool, and failed; the same prompt in chunks of {fix['chunk_tokens']:,} tokens peaked at "
         f"{_size(fix['peak_bytes'])} and finished all {fix['tokens_prefilled']:,} tokens. "
         f"Chunked and one-step outputs differ by at most {r['chunked_max_abs_diff']:g} (bf16, checked at 2,048 tokens). "
-        + _provenance(data),
+        + _provenance(m, [r]),
     ]
     return "\n".join(lines)
 

@@ -21,13 +21,12 @@ The decode is bound by memory: per (sequence, KV head) it reads L * d * 2 (K and
 elements and does about 4 * L * d FLOPs per query head, so ~G FLOP per byte for a group
 of G query heads. The floor is KV bytes / copy bandwidth, both measured in this run.
 
-JSON written by --out (DIR/paged_attention.json) and --record
-(labs/results/paged_attention.json); the site renders it:
+JSON written by --out (DIR/paged_attention.json, this run only):
 
     {
       "schema": 1,
       "lab": "paged_attention",
-      "gpus": {                                  # one entry per GPU name; --record replaces only this GPU's
+      "gpus": {
         "<GPU name>": {
           "gpu": str, "compute_capability": "9.0", "sm_count": int, "driver": str,
           "torch": str, "cuda": str, "triton": str, "date": "YYYY-MM-DD",
@@ -56,6 +55,14 @@ JSON written by --out (DIR/paged_attention.json) and --record
         }
       }
     }
+
+--record merges the rows into labs/results/paged_attention.json through
+labs/recorded.py (the format its docstring gives): one machine per GPU, one row
+per shape (key "shape"), each row with `"ok": true` (a run whose check fails
+records nothing) and the GPU entry above, less its rows and table, as its
+`"run"`; the machine's `derived.table` is `format_table` of all its rows. A run
+of some shapes replaces those rows and keeps the others. Only the kernel's
+default configuration is recorded, so a row always means the same kernel.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shutil
 import subprocess
 import sys
 import warnings
@@ -111,8 +119,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--out", type=cli.output_dir, metavar="DIR", help="folder to write paged_attention.json (and sweep.json) into")
     p.add_argument("--record", action="store_true",
-                   help=f"also write this GPU's entry into {RESULTS_PATH.relative_to(RESULTS_PATH.parents[2])}, "
-                   "replacing only that GPU's entry")
+                   help=f"also merge this run's rows into {RESULTS_PATH.relative_to(RESULTS_PATH.parents[2])}: "
+                   "the shapes timed replace their rows for this GPU, every other row stays")
     p.add_argument("--shape", action="append", choices=sorted(SHAPES), metavar="NAME",
                    help=f"time only this shape (repeatable); one of {', '.join(SHAPES)}")
     # Triton needs power-of-2 tiles and warp counts; tl.dot needs a tile of at least 16.
@@ -136,6 +144,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.record and args.sweep:
         p.error("--record writes the default configuration's rows; run it without --sweep")
+    if args.record:
+        variant = [f"--{n.replace('_', '-')}" for n in ("tile_n", "num_warps", "num_stages", "programs_per_sm",
+                                                         "num_splits") if getattr(args, n) is not None]
+        if variant:
+            p.error(f"--record stores the kernel's default configuration; drop {', '.join(variant)} "
+                    "(use --out to keep a variant's rows)")
     return args
 
 
@@ -394,14 +408,15 @@ def main(argv: list[str] | None = None) -> int:
         write_json(args.out / "paged_attention.json", {env["gpu"]: entry})
         print(f"wrote {args.out / 'paged_attention.json'}")
     if args.record:
-        gpus = {}
-        if RESULTS_PATH.exists():
-            gpus = json.loads(RESULTS_PATH.read_text())["gpus"]
-        gpus[env["gpu"]] = entry
-        write_json(RESULTS_PATH, gpus)
-        print(f"recorded {env['gpu']} in {RESULTS_PATH}")
+        from labs.recorded import RecordedError
+
+        try:
+            print(record(entry))
+        except RecordedError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         if args.out:  # the device machine sends back only --out: keep a copy of the whole file there
-            write_json(args.out / "recorded_paged_attention.json", gpus)
+            shutil.copyfile(RESULTS_PATH, args.out / "recorded_paged_attention.json")
     return 0
 
 
@@ -423,7 +438,18 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([TABLE_HEADER, *(format_row(r) for r in rows)])
 
 
+def record(entry: dict, path: Path | None = None):
+    """Merge one run's entry (as --out writes it) into the recorded file; returns what was kept and replaced."""
+    from labs import recorded
+
+    run = {k: v for k, v in entry.items() if k not in ("gpu", "rows", "table")}
+    return recorded.record_rows(path or RESULTS_PATH, "paged_attention", recorded.Machine(entry["gpu"]),
+                                [{**r, "ok": True} for r in entry["rows"]], ["shape"], run,
+                                derive=lambda rows: {"table": format_table(rows)})
+
+
 def write_json(path: Path, gpus: dict) -> None:
+    """This run's document for --out (the recorded file goes through labs/recorded.py)."""
     doc = {"schema": SCHEMA_VERSION, "lab": "paged_attention", "gpus": dict(sorted(gpus.items()))}
     path.write_text(json.dumps(doc, indent=2) + "\n")
 

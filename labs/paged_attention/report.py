@@ -2,82 +2,67 @@
 
 macros.py registers every function in `MACROS` under its own name, so pages render
 the measured numbers from `labs/results/paged_attention.json` (written by
-`bench.py --record`, schema in its docstring) and never retype them. Only the
+`bench.py --record` through labs/recorded.py) and never retype them. Only the
 standard library and json are used: the site build has no torch.
 
-A page that wants a table calls `paged_attention_results_table()`; a lesson that
-quotes one number calls `paged_attention_headline("b32-l4k")`. Both say how to
-record results when none are recorded. `paged_attention_row` and
+Every macro names the GPU it shows (`gpu="H200"`: the GPU's name, or a unique
+part of it): a file may hold several machines, and a page says which one it
+quotes. A page that wants a table calls `paged_attention_results_table(gpu=...)`;
+a lesson that quotes one number calls `paged_attention_headline("b32-l4k", gpu=...)`.
+Both say how to record results when none are recorded. `paged_attention_row` and
 `paged_attention_entry` hand a template the raw record, and raise when it is
-missing, so guard them with `paged_attention_recorded()`.
+missing, so guard them with `paged_attention_recorded(gpu)`.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from labs.paged_attention.bench import RESULTS_PATH, SCHEMA_VERSION
+from labs import recorded
+from labs.paged_attention.bench import RESULTS_PATH
 
 RECORD_COMMAND = "python -m labs.paged_attention.bench --out out/pa --record"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class ResultsError(ValueError):
-    """The results file is malformed, or holds no entry for what a page asked."""
+    """The results file holds no entry for what a page asked."""
 
 
-def _rel(path: Path) -> str:
-    try:
-        return path.resolve().relative_to(REPO_ROOT).as_posix()
-    except ValueError:
-        return str(path)
+def load_results(path: Path | None = None) -> recorded.Results | None:
+    """The recorded file (None when it does not exist); a broken file raises recorded.RecordedError."""
+    return recorded.load_results(RESULTS_PATH if path is None else path)
 
 
-def load_results(path: Path | None = None) -> dict[str, dict]:
-    """GPU name -> entry; empty when the file is missing, empty, or records no GPU."""
-    path = RESULTS_PATH if path is None else path
-    if not path.is_file() or not path.read_text(encoding="utf-8").strip():
-        return {}
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    if doc.get("schema") != SCHEMA_VERSION or not isinstance(doc.get("gpus"), dict):
-        raise ResultsError(f"{_rel(path)}: expected schema {SCHEMA_VERSION} with a 'gpus' mapping "
-                           "(labs/paged_attention/bench.py docstring)")
-    return doc["gpus"]
-
-
-def _results() -> dict[str, dict]:
+def _results() -> recorded.Results | None:
     # Read at call time, not import time: `mkdocs serve` picks up a new recording.
     return load_results(RESULTS_PATH)
 
 
-def _select(gpus: dict[str, dict], gpu: str | None) -> dict[str, dict]:
-    """All entries, or the one whose name is `gpu` (exact, else a unique case-insensitive part)."""
-    if gpu is None:
-        return gpus
-    if gpu in gpus:
-        return {gpu: gpus[gpu]}
-    found = {name: e for name, e in gpus.items() if gpu.lower() in name.lower()}
-    if len(found) != 1:
-        raise ResultsError(f"paged attention results: GPU {gpu!r} matches {sorted(found) or 'nothing'}; "
-                           f"recorded GPUs: {sorted(gpus)}")
-    return found
+def _machine(gpu: str) -> recorded.MachineResults:
+    results = _results()
+    if results is None or not results.machines:
+        raise ResultsError(f"no paged attention results in {recorded.shown_path(RESULTS_PATH)}; record them with "
+                           f"`{RECORD_COMMAND}`, or guard the call with paged_attention_recorded(gpu)")
+    try:
+        return results.machine(gpu)
+    except recorded.RecordedError as err:
+        raise ResultsError(f"paged attention results: {err}") from None
 
 
-def _one(gpu: str | None) -> dict:
-    gpus = _results()
-    if not gpus:
-        raise ResultsError(f"no paged attention results in {_rel(RESULTS_PATH)}; record them with "
-                           f"`{RECORD_COMMAND}`, or guard the call with paged_attention_recorded()")
-    chosen = _select(gpus, gpu)
-    if len(chosen) > 1:
-        raise ResultsError(f"results for several GPUs ({sorted(chosen)}): pass gpu=...")
-    return next(iter(chosen.values()))
+def _not_recorded(gpu: str) -> str:
+    return (f"No paged-attention results are recorded yet (the page shows {gpu}). On a CUDA GPU, run `{RECORD_COMMAND}`: it "
+            f"checks the kernel, times it and writes `{recorded.shown_path(RESULTS_PATH)}`, which this page renders.")
 
 
-def _not_recorded() -> str:
-    return (f"No paged-attention results are recorded yet. On a CUDA GPU, run `{RECORD_COMMAND}`: it "
-            f"checks the kernel, times it and writes `{_rel(RESULTS_PATH)}`, which this page renders.")
+def _nothing_recorded() -> bool:
+    """No file, or a file with no machine: the page says how to record. A file without the GPU asked for
+    is an error instead (a misspelt name must not read as 'not recorded')."""
+    results = _results()
+    return results is None or not results.machines
+
+
+def _latest_run(m: recorded.MachineResults) -> dict:
+    return max(m.runs, key=lambda run: run["date"])
 
 
 def _config(rows: list[dict]) -> str:
@@ -97,15 +82,14 @@ def _config(rows: list[dict]) -> str:
 # ---------------------------------------------------------------------------
 
 
-def paged_attention_recorded(gpu: str | None = None) -> bool:
-    """True when the results file holds at least one GPU (or the one named)."""
-    gpus = _results()
-    if not gpus:
-        return False
+def paged_attention_recorded(gpu: str) -> bool:
+    """True when the results file holds the named GPU (matched as in `paged_attention_row`), for a page's
+    `{% if %}` around text that quotes it."""
+    results = _results()
     try:
-        return bool(_select(gpus, gpu))
-    except ResultsError:
-        return False
+        return results is not None and results.has(gpu)
+    except recorded.RecordedError as err:
+        raise ResultsError(f"paged attention results: {err}") from None
 
 
 def _env_line(name: str, e: dict, bold: bool = False) -> str:
@@ -115,67 +99,68 @@ def _env_line(name: str, e: dict, bold: bool = False) -> str:
             f"measured {e['date']}")
 
 
-def paged_attention_env(gpu: str | None = None) -> str:
-    """One line per recorded GPU: name, SMs, driver, CUDA, torch, Triton and the date."""
-    gpus = _results()
-    if not gpus:
-        return _not_recorded()
-    return "\n\n".join(_env_line(name, e) for name, e in _select(gpus, gpu).items())
+def paged_attention_env(gpu: str) -> str:
+    """The named GPU's environment, one line per run its rows come from: SMs, driver, CUDA, torch, Triton, date."""
+    if _nothing_recorded():
+        return _not_recorded(gpu)
+    m = _machine(gpu)
+    return "\n\n".join(_env_line(m.label, run) for run in m.runs)
 
 
-def paged_attention_results_table(gpu: str | None = None) -> str:
-    """Per recorded GPU: its environment, then one table row per benchmark shape."""
-    gpus = _results()
-    if not gpus:
-        return _not_recorded()
-    blocks = []
-    for name, e in _select(gpus, gpu).items():
-        rows = e["rows"]
-        intro = (f"{_env_line(name, e, bold=True)}. Copy bandwidth measured in the same run: "
-                 f"{e['copy_tb_s']:.2f} TB/s (device-to-device `copy_`, bytes read + written). "
-                 f"Times are medians of CUDA-graph replays with the L2 cleared before each; "
-                 f"{_config(rows)}; SDPA reads the same KV stored contiguously.")
-        lines = [
-            "| Shape | (B, L, H<sub>q</sub>, H<sub>kv</sub>) | Splits | Time (µs) | Floor (µs) | KV read (MiB) "
-            "| Achieved (TB/s) | Of copy | SDPA (µs) | Time ÷ SDPA | SDPA backend |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
-        ]
-        for r in rows:
-            lines.append(
-                f"| `{r['shape']}` | ({r['batch']}, {r['context_len']}, {r['q_heads']}, {r['kv_heads']}) "
-                f"| {r['num_splits']} | {r['time_us']:,.1f} | {r['floor_us']:,.1f} "
-                f"| {r['kv_bytes'] / 2**20:,.0f} | {r['tb_s']:.2f} | {r['copy_fraction']:.3f} "
-                f"| {r['sdpa_time_us']:,.1f} | {r['ratio_to_sdpa']:.3f} | {e['sdpa_backend']} |"
-            )
-        blocks.append(intro + "\n\n" + "\n".join(lines))
-    return "\n\n".join(blocks) + "\n"
+def paged_attention_results_table(gpu: str) -> str:
+    """The named GPU's environment, then one table row per benchmark shape."""
+    if _nothing_recorded():
+        return _not_recorded(gpu)
+    m = _machine(gpu)
+    rows = m.rows
+    copies = ", ".join(f"{run['copy_tb_s']:.2f} TB/s" + (f" ({run['date']})" if len(m.runs) > 1 else "")
+                       for run in m.runs)
+    intro = ("\n\n".join(_env_line(m.label, run, bold=True) for run in m.runs)
+             + f". Copy bandwidth measured in the same run: {copies} (device-to-device `copy_`, bytes read + "
+             f"written). Times are medians of CUDA-graph replays with the L2 cleared before each; "
+             f"{_config(rows)}; SDPA reads the same KV stored contiguously.")
+    lines = [
+        "| Shape | (B, L, H<sub>q</sub>, H<sub>kv</sub>) | Splits | Time (µs) | Floor (µs) | KV read (MiB) "
+        "| Achieved (TB/s) | Of copy | SDPA (µs) | Time ÷ SDPA | SDPA backend |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| `{r['shape']}` | ({r['batch']}, {r['context_len']}, {r['q_heads']}, {r['kv_heads']}) "
+            f"| {r['num_splits']} | {r['time_us']:,.1f} | {r['floor_us']:,.1f} "
+            f"| {r['kv_bytes'] / 2**20:,.0f} | {r['tb_s']:.2f} | {r['copy_fraction']:.3f} "
+            f"| {r['sdpa_time_us']:,.1f} | {r['ratio_to_sdpa']:.3f} | {r['run']['sdpa_backend']} |"
+        )
+    return intro + "\n\n" + "\n".join(lines) + "\n"
 
 
-def paged_attention_row(shape: str, gpu: str | None = None) -> dict:
-    """One shape's recorded row (time_us, tb_s, copy_fraction, ...), for a template to format."""
-    e = _one(gpu)
-    for r in e["rows"]:
-        if r["shape"] == shape:
-            return r
-    raise ResultsError(f"no row '{shape}' for {e['gpu']}; recorded shapes: {[r['shape'] for r in e['rows']]}")
+def paged_attention_row(shape: str, gpu: str) -> dict:
+    """One shape's recorded row on the named GPU (time_us, tb_s, copy_fraction, ..., and its `run`)."""
+    m = _machine(gpu)
+    if not m.has(shape=shape):
+        raise ResultsError(f"no row '{shape}' for {m.label}; recorded shapes: {[r['shape'] for r in m.rows]}")
+    return m.row(shape=shape)
 
 
-def paged_attention_entry(gpu: str | None = None) -> dict:
-    """One GPU's whole entry (gpu, date, copy_tb_s, sdpa_backend, rows, ...)."""
-    return _one(gpu)
+def paged_attention_entry(gpu: str) -> dict:
+    """The named GPU's latest run (driver, versions, copy_tb_s, sm_count, ...) with `gpu` its name and
+    `date` the day, or days, its rows were measured."""
+    m = _machine(gpu)
+    return {**_latest_run(m), "gpu": m.label, "date": m.dates}
 
 
-def paged_attention_headline(shape: str = "b32-l4k", gpu: str | None = None) -> str:
-    """A sentence with one shape's measured time and bandwidth, the GPU and the date."""
-    if not paged_attention_recorded(gpu):
-        return _not_recorded()
-    e = _one(gpu)
+def paged_attention_headline(shape: str, gpu: str) -> str:
+    """A sentence with one shape's measured time and bandwidth on the named GPU, and the date."""
+    if _nothing_recorded():
+        return _not_recorded(gpu)
+    m = _machine(gpu)
     r = paged_attention_row(shape, gpu)
-    return (f"On an {e['gpu']} (measured {e['date']}), at (B, L, H<sub>q</sub>, H<sub>kv</sub>) = "
+    run = r["run"]
+    return (f"On an {m.label} (measured {run['date']}), at (B, L, H<sub>q</sub>, H<sub>kv</sub>) = "
             f"({r['batch']}, {r['context_len']}, {r['q_heads']}, {r['kv_heads']}) the kernel read "
             f"{r['kv_bytes'] / 2**20:,.0f} MiB of KV in {r['time_us']:,.1f} µs: {r['tb_s']:.2f} TB/s, "
-            f"{r['copy_fraction']:.3f} of the {e['copy_tb_s']:.2f} TB/s copy bandwidth, and "
-            f"{r['ratio_to_sdpa']:.3f}× the time of PyTorch SDPA ({e['sdpa_backend']}) on a contiguous cache.")
+            f"{r['copy_fraction']:.3f} of the {run['copy_tb_s']:.2f} TB/s copy bandwidth, and "
+            f"{r['ratio_to_sdpa']:.3f}× the time of PyTorch SDPA ({run['sdpa_backend']}) on a contiguous cache.")
 
 
 MACROS = [
