@@ -79,7 +79,11 @@ class Document:
         return DataError(self.file, self.line(path), field_name(path) or None, message)
 
 
-class _Loader(yaml.SafeLoader):
+# libyaml's parser where PyYAML was built with it: the site build reads every data file on every build.
+_BASE = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Loader(_BASE):
     """SafeLoader that refuses duplicate keys and says where a timestamp is impossible."""
 
     file = "<string>"
@@ -156,6 +160,10 @@ def loads(text: str, file: str = "<string>") -> Document:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
         what = exc.problem or exc.context
+        if what == "found character that cannot start any token" and mark is not None:  # libyaml omits which
+            row = text.splitlines()[mark.line] if mark.line < len(text.splitlines()) else ""
+            if mark.column < len(row):
+                what = f"found character {row[mark.column]!r} that cannot start any token"
         if exc.context and exc.problem and exc.context_mark and exc.problem_mark:
             if exc.context_mark.line != exc.problem_mark.line:
                 what += f" ({exc.context} that starts on line {exc.context_mark.line + 1})"

@@ -264,6 +264,7 @@ class GPUSpec:
     whitepaper: str = ""
     notes: str = ""
     memory_mib_cuda: int | None = None
+    cuda_name: str | None = None  # torch.cuda.get_device_name(), the key lab results are recorded under
 
     def __post_init__(self):
         if self.memory_mib_cuda is not None and not 0 < self.memory_mib_cuda <= self.memory_mib_reported:
