@@ -164,6 +164,8 @@ def loads(text: str, file: str = "<string>") -> Document:
             row = text.splitlines()[mark.line] if mark.line < len(text.splitlines()) else ""
             if mark.column < len(row):
                 what = f"found character {row[mark.column]!r} that cannot start any token"
+        if "'\\t'" in what or "tab character" in what:  # the two parsers word it differently
+            raise DataError(file, line, None, "YAML syntax error: a tab character; indent with spaces") from None
         if exc.context and exc.problem and exc.context_mark and exc.problem_mark:
             if exc.context_mark.line != exc.problem_mark.line:
                 what += f" ({exc.context} that starts on line {exc.context_mark.line + 1})"

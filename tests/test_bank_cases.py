@@ -107,7 +107,7 @@ CASES = [
     _case("dup_key_same", "load", edit("kind: concept\n", "kind: concept\nkind: concept\n"),
           "kind: concept", "kind", "duplicate key (first given on line 4)", last=True),
     _case("tabs", "load", edit("  - q: First follow-up?\n", "  - q: First follow-up?\n\t"), "\t", None,
-          "YAML syntax error: found character '\\t' that cannot start any token"),
+          "YAML syntax error: a tab character; indent with spaces"),
     _case("wrong_type_part", "load", edit("part: 0", "part: five"), "part: five", "part",
           "Input should be a valid integer"),
     _case("wrong_type_followups", "load", edit(

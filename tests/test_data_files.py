@@ -45,7 +45,7 @@ def _edit(text: str, old: str, new: str) -> str:
     ("a: 1\na: 1\n", 2, "a", "duplicate key"),
     ("x: [1, {y: 1, y: 2}]\n", 1, None, "duplicate key"),
     ("when: 2026-13-45\n", 1, "when", "'2026-13-45' is not a real date (month must be in 1..12)"),
-    ("a:\n\tb: 1\n", 2, None, "YAML syntax error: found character '\\t'"),
+    ("a:\n\tb: 1\n", 2, None, "YAML syntax error: a tab character; indent with spaces"),
     ("a: 1\n---\nb: 2\n", 2, None, "YAML syntax error: but found another document"),
     ("a: !!python/object/apply:os.system [ls]\n", 1, None, "could not determine a constructor"),
     ("? [1, 2]\n: 3\n", 1, None, "a mapping key must be a plain value"),
