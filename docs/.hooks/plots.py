@@ -383,11 +383,14 @@ def paged_attention_figures(gpu: str, path: Path | None = None, with_table: bool
                 f"{_esc(gpu)} yet. Run `python -m labs.paged_attention.bench --out out/pa --record` on a CUDA GPU; "
                 "this figure is drawn from `labs/results/paged_attention.json`.\n")
     m = results.machine(gpu)  # a GPU the file does not hold is an error naming those it does
+    from labs.paged_attention.bench import table_rows
+
+    shapes = table_rows(m.rows, "shapes")  # the equal-length shapes; the lab page tabulates the other tables
     rows = [[
         r["shape"], f"{r['batch']}", f"{r['context_len']:,}", f"{r['q_heads']}/{r['kv_heads']}",
         f"{r['kv_bytes'] / 2**20:,.1f}", f"{r['time_us']:,.1f}", f"{r['tb_s']:.2f}", f"{r['copy_fraction']:.0%}",
         f"{r['sdpa_time_us']:,.1f}",
-    ] for r in m.rows]
+    ] for r in shapes]
     table = _table(["Shape", "Batch", "Context", "Heads q/kv", "KV read (MiB)", "Kernel (µs)", "TB/s",
                     "of copy", "SDPA (µs)"], rows)
     runs = "; ".join(
@@ -395,7 +398,7 @@ def paged_attention_figures(gpu: str, path: Path | None = None, with_table: bool
         f"CUDA {_esc(run['cuda'])}), copy bandwidth in the same run {run['copy_tb_s']:.2f} TB/s"
         for run in m.runs)
     caption = f"<strong>{_esc(m.label)}</strong>, {runs}. Median of CUDA-graph replays with the L2 cleared."
-    return _figure(paged_attention_svg(m.label, m.rows), caption, table if with_table else "")
+    return _figure(paged_attention_svg(m.label, shapes), caption, table if with_table else "")
 
 
 # ---------------------------------------------------------------------------
