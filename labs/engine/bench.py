@@ -450,7 +450,7 @@ def section_hf(b: Bench) -> None:
     torch = b.torch
     trace = _trace(b)
     conc = 8 if b.args.quick else CONCURRENCY
-    hf = _hf_model(b)
+    hf = hf_model(b.llm.model)
     total_out, start = 0, time.perf_counter()
     for i in range(0, len(trace), conc):
         batch = trace[i:i + conc]
@@ -479,28 +479,28 @@ def section_hf(b: Bench) -> None:
         torch.cuda.empty_cache()
 
 
-def _hf_model(b: Bench):
+def hf_model(m):
+    """transformers' LlamaForCausalLM holding the engine model's weights (shared, not copied), on its device."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from labs.engine.model import rope_inv_freq
 
-    m = b.llm.model
+    p = next(m.parameters())
     config = LlamaConfig.from_dict(m.cfg.hf_config_dict())
-    dtype = next(m.parameters()).dtype
     default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
+    torch.set_default_dtype(p.dtype)
     try:
-        with torch.device("meta"):
+        with torch.device(p.device):  # real buffers (rotary frequencies); the weights are replaced below
             hf = LlamaForCausalLM(config)
     finally:
         torch.set_default_dtype(default)
     hf.load_state_dict({k: v.contiguous() for k, v in m.hf_state_dict().items()}, strict=False, assign=True)
     for mod in hf.modules():
         if hasattr(mod, "inv_freq"):
-            mod.inv_freq = rope_inv_freq(m.cfg).to(b.device)
+            mod.inv_freq = rope_inv_freq(m.cfg).to(p.device)
     hf.generation_config.pad_token_id = 0
-    return hf.to(b.device).eval()
+    return hf.eval()
 
 
 def section_batching(b: Bench) -> None:
