@@ -206,6 +206,7 @@ class Bench:
             seq.arrival = arrival
         return seq
 
+    # --8<-- [start:place_decodes]
     def place_decodes(self, batch: int, context: int, max_tokens: int = 1 << 16):
         """`batch` sequences whose next step decodes at context `context`, without running their prefill.
 
@@ -224,6 +225,7 @@ class Bench:
             seq.append(1, time.perf_counter())
             seqs.append(seq)
         return seqs
+    # --8<-- [end:place_decodes]
 
     def clear(self):
         for seq in list(self.llm.scheduler.running) + list(self.llm.scheduler.waiting):

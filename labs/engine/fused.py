@@ -45,6 +45,7 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, n, eps,
     tl.store(out_ptr + row * n + cols, out, mask=mask)
 
 
+# --8<-- [start:add_rms_norm]
 def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual) * weight, x + residual); without residual, (norm(x) * weight, x)."""
@@ -57,6 +58,7 @@ def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         _add_rms_norm_kernel[(rows,)](x, residual.contiguous() if residual is not None else x, weight, out, res_out,
                                       n, eps, HAS_RES=residual is not None, BLOCK=triton.next_power_of_2(n))
     return out, res_out
+# --8<-- [end:add_rms_norm]
 
 
 @triton.jit

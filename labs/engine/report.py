@@ -34,7 +34,7 @@ COLUMNS = {
     "stages": [("batch", "B", "{}"), ("fused", "fused ops", "{}"), ("step_ms", "step ms", "{:.2f}"),
                ("execute_ms", "runner ms", "{:.2f}"), ("replay_ms", "graph replay ms", "{:.2f}"),
                ("linears_ms", "linears alone ms", "{:.2f}"), ("sample_ms", "sampler ms", "{:.2f}"),
-               ("kernels_per_step", "kernels / step", "{}"), ("floor_ms", "floor ms", "{:.2f}"),
+               ("kernels_per_step", "kernels / eager step", "{}"), ("floor_ms", "floor ms", "{:.2f}"),
                ("efficiency", "floor / step", "{:.0%}")],
     "decode": [("context", "L", "{:,}"), ("batch", "B", "{:,}"), ("cuda_graphs", "CUDA graphs", "{}"),
                ("step_ms", "step ms", "{:.2f}"), ("floor_ms", "floor ms", "{:.2f}"),
