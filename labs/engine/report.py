@@ -11,6 +11,7 @@ retype a measured number:
 * `engine_value(name, field, gpu)`: one recorded number, for prose;
 * `engine_ratio(name, field, over, gpu)`: measured / model for one row, as "1.7x"; `over` is
   another field of the same row (a floor or a simulator prediction);
+* `engine_measured(gpu)`: "NVIDIA H200, 2026-12-01", for a lesson's prose;
 * `engine_recorded(gpu)`: for a page's `{% if %}`.
 
 Every macro names the GPU (a unique part of its name): the file may hold several machines.
@@ -102,6 +103,12 @@ def engine_env(gpu: str) -> str:
         for run in m.runs)
 
 
+def engine_measured(gpu: str) -> str:
+    """"NVIDIA H200, 2026-12-01": the machine and the date(s) its rows were measured, for a lesson's prose."""
+    m = _machine(gpu)
+    return f"{m.label}, {m.dates}"
+
+
 def _fmt(value, fmt: str) -> str:
     if value is None:
         return "off" if fmt == "{:,}" else "–"
@@ -147,4 +154,4 @@ def engine_ratio(name: str, field: str, over: str, gpu: str) -> str:
     return f"{engine_value(name, field, gpu) / engine_value(name, over, gpu):.2f}x"
 
 
-MACROS = [engine_recorded, engine_env, engine_table, engine_value, engine_ratio]
+MACROS = [engine_recorded, engine_measured, engine_env, engine_table, engine_value, engine_ratio]
