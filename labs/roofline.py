@@ -270,8 +270,9 @@ class Deployment:
     def kv_pool(self, max_model_len: int | None = None, **budget_args) -> memory_budget.Budget:
         return kv_pool(self, max_model_len, **budget_args)
 
-    def kv_transfer(self, tokens: int, gbit_per_s: float | None = None, gb_per_s: float | None = None) -> "KVTransfer":
-        return kv_transfer(self, tokens, gbit_per_s, gb_per_s)
+    def kv_transfer(self, tokens: int, gbit_per_s: float | None = None, gb_per_s: float | None = None,
+                    nvlink: bool = False) -> "KVTransfer":
+        return kv_transfer(self, tokens, gbit_per_s, gb_per_s, nvlink)
 
     def throughput_bound(self, trace: Iterable, concurrency: int) -> "ThroughputBound":
         return offline_throughput_bound(self, trace, concurrency)
@@ -713,11 +714,17 @@ class KVTransfer:
 
 
 def kv_transfer(dep: Deployment, tokens: int, gbit_per_s: float | None = None,
-                gb_per_s: float | None = None) -> KVTransfer:
-    """The KV of one `tokens`-token request on one rank, over a link given in Gb/s (NICs) or GB/s (PCIe)."""
-    if (gbit_per_s is None) == (gb_per_s is None):
-        raise SpecError("kv_transfer: give the link speed once, as gbit_per_s or gb_per_s")
-    rate = gbit_per_s * 1e9 / 8 if gbit_per_s is not None else gb_per_s * 1e9
+                gb_per_s: float | None = None, nvlink: bool = False) -> KVTransfer:
+    """The KV of one `tokens`-token request on one rank, over a link given in Gb/s (NICs) or GB/s (PCIe),
+    or `nvlink=True`: one direction of the GPU's NVLink, half the bidirectional figure in labs/data/gpus.yaml."""
+    if sum(x is not None and x is not False for x in (gbit_per_s, gb_per_s, nvlink or None)) != 1:
+        raise SpecError("kv_transfer: give the link speed once, as gbit_per_s, gb_per_s or nvlink=True")
+    if nvlink:
+        if not dep.gpu.nvlink_gbps:
+            raise SpecError(f"kv_transfer: {dep.gpu.name} has no NVLink")
+        rate = dep.gpu.nvlink_gbps / 2 * 1e9
+    else:
+        rate = gbit_per_s * 1e9 / 8 if gbit_per_s is not None else gb_per_s * 1e9
     if rate <= 0:
         raise SpecError(f"kv_transfer: link speed must be > 0, got {gbit_per_s or gb_per_s}")
     m = dep.model

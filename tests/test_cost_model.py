@@ -272,3 +272,11 @@ def test_kv_transfer_needs_exactly_one_positive_link_speed():
     for kwargs in ({}, {"gbit_per_s": 400, "gb_per_s": 50}, {"gbit_per_s": 0}):
         with pytest.raises(r.SpecError, match="kv_transfer"):
             dep.kv_transfer(1024, **kwargs)
+
+
+def test_kv_transfer_over_nvlink_takes_one_direction_of_the_datasheet_figure():
+    dep = r.deployment("llama-3.1-8b", "h200")
+    t = dep.kv_transfer(16384, nvlink=True)
+    assert t.seconds == pytest.approx(2**31 / (dep.gpu.nvlink_gbps / 2 * 1e9))
+    with pytest.raises(r.SpecError, match="no NVLink"):
+        r.deployment("llama-3.1-8b", "l40s").kv_transfer(1024, nvlink=True)
