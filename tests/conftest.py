@@ -94,6 +94,25 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(autouse=True)
+def _release_gpu_memory(request):
+    """After a GPU test, free what it held, so the next one sees the whole card.
+
+    Engines and captured CUDA graphs form reference cycles (a graph's closure refers back to its
+    runner), which plain scope exit does not break: a memory-sizing test that runs after an
+    8B-shape engine test would see the engine's pool and weights still allocated.
+    """
+    yield
+    if "gpu" in request.keywords and HAS_CUDA:
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+@pytest.fixture(autouse=True)
 def _seed():
     """Every test starts from the same seed, so a failure reproduces."""
     random.seed(0)

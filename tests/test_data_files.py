@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+
+pytest.importorskip("pydantic")  # site_data is the site build's side; the GPU box has no pydantic
 from labs import datafile, specs, vllm_facts
 
 sys.path.insert(0, str(ROOT / "docs" / ".hooks"))
