@@ -81,6 +81,9 @@ STEPS: tuple[Step, ...] = (
     Step("triton-tutorial-bench", "labs.triton_tutorial",
          ("--out", "{out}"),
          what="Triton vector add, fused softmax and tiled matmul against torch"),
+    Step("parallel-gemm-shards", "labs.parallel.gemm_shards",
+         ("--out", "{out}"),
+         what="per-rank GEMMs at TP = 1, 2, 4, 8 shard shapes and the TP speedup they predict"),
 )
 # --8<-- [end:steps]
 STEP_NAMES = tuple(step.name for step in STEPS)

@@ -3,7 +3,10 @@
 Three promises live here, so every test file gets them without repeating them:
 
 * A test marked ``gpu`` is skipped on a machine without CUDA, with the reason
-  printed. On the GPU box we run ``LABS_REQUIRE_GPU=1 pytest -m gpu``; there a
+  printed. A test marked ``multigpu(n)`` needs n GPUs and is never also marked
+  ``gpu``, so a one-GPU run (``-m gpu``) does not select it; with fewer GPUs it
+  is skipped with the count in the reason, and ``LABS_REQUIRE_MULTIGPU=1`` (the
+  multi-GPU run) turns that skip into a failure. On the GPU box we run ``LABS_REQUIRE_GPU=1 pytest -m gpu``; there a
   skipped GPU test is turned into a failure, so "all green" cannot hide a test
   that never ran.
 * Without CUDA, Triton kernels run in the CPU interpreter. ``TRITON_INTERPRET``
@@ -35,6 +38,15 @@ def _cuda_available() -> bool:
 
 HAS_CUDA = _cuda_available()
 REQUIRE_GPU = os.environ.get("LABS_REQUIRE_GPU") == "1"
+REQUIRE_MULTIGPU = os.environ.get("LABS_REQUIRE_MULTIGPU") == "1"
+
+
+def _cuda_count() -> int:
+    if not HAS_CUDA:
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
 if not HAS_CUDA:
@@ -58,6 +70,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        multi = item.get_closest_marker("multigpu")
+        if multi is not None:
+            if item.get_closest_marker("gpu") is not None:
+                raise pytest.UsageError(f"{item.nodeid}: a multigpu test must not also be marked gpu "
+                                        "(a one-GPU run with -m gpu would select it and skip it)")
+            need = multi.args[0] if multi.args else 2
+            have = _cuda_count()
+            if have < need:
+                item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA GPUs, this machine has {have}"))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -67,6 +88,9 @@ def pytest_runtest_makereport(item, call):
     if REQUIRE_GPU and report.skipped and "gpu" in item.keywords:
         report.outcome = "failed"
         report.longrepr = f"GPU test skipped while LABS_REQUIRE_GPU=1: {report.longrepr}"
+    if REQUIRE_MULTIGPU and report.skipped and "multigpu" in item.keywords:
+        report.outcome = "failed"
+        report.longrepr = f"multi-GPU test skipped while LABS_REQUIRE_MULTIGPU=1: {report.longrepr}"
 
 
 @pytest.fixture(autouse=True)

@@ -25,11 +25,14 @@ pytest.importorskip("triton")
 
 from labs.paged_attention.cache import PagedKVCache  # noqa: E402
 from labs.paged_attention.kernel import (  # noqa: E402
+    FP8_DTYPE,
     MAX_SPLITS,
     MIN_WAVE_FILL,
     choose_num_splits,
     paged_decode,
+    plan_splits,
     split_reduce_kernel,
+    split_targets,
     wave_fill,
 )
 from labs.paged_attention.reference import gather_kv, paged_decode_ref  # noqa: E402
@@ -91,12 +94,28 @@ def assert_matches(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, wha
 def run_case(problem, **kwargs) -> torch.Tensor:
     return paged_decode(
         problem.q, problem.k_cache, problem.v_cache, problem.block_tables, problem.seq_lens,
-        max_seq_len=problem.max_seq_len, **kwargs,
+        max_seq_len=problem.max_seq_len, **problem.kernel_kwargs(), **kwargs,
     )
 
 
 def reference(problem) -> torch.Tensor:
-    return paged_decode_ref(problem.q, problem.k_cache, problem.v_cache, problem.block_tables, problem.seq_lens)
+    """fp32 attention on what the cache holds (dequantised first when it is fp8)."""
+    return paged_decode_ref(problem.q, problem.k_cache, problem.v_cache, problem.block_tables, problem.seq_lens,
+                            k_scale=problem.k_scale, v_scale=problem.v_scale)
+
+
+# fp8 against fp32 on the values before quantisation: e4m3 keeps 3 mantissa bits, so a
+# stored value is off by at most 2**-4 of itself; on random data the output's relative
+# error lands near 3-5%. The line is one unit in the last place, 2**-3. Against the
+# dequantising reference the kernel's error is the query dtype's (TOLERANCES): every
+# e4m3 value is exact in fp16 and bf16, so the kernel rounds nothing more than with a
+# 16-bit cache.
+FP8_QUANT_REL_ERR = 2.0**-3
+
+
+def random_lens(rng, batch: int, longest: int) -> list[int]:
+    """Lengths spread over 1..longest, the first one the longest (it donates shared blocks)."""
+    return [longest] + [rng.randint(1, longest) for _ in range(batch - 1)]
 
 
 # ----------------------------------------------------------------------------------
@@ -210,7 +229,9 @@ def test_cache_write_stores_tokens_at_their_slots():
 
 def test_split_heuristic_fills_the_gpu_for_small_batches():
     # 132 SMs x 4 resident programs = 528 slots. B=1 with 8 KV heads is 8 programs unsplit.
-    assert choose_num_splits(1, 8, 4096, 132, tile_n=64, programs_per_sm=4) == 60  # 480 of 528 slots
+    # 64 tiles, at least MIN_SPLIT_TILES = 2 per split: 32 splits, 256 of 528 slots.
+    assert choose_num_splits(1, 8, 4096, 132, tile_n=64, programs_per_sm=4) == 32
+    assert choose_num_splits(1, 8, 32768, 132, tile_n=64, programs_per_sm=4) == 60  # 480 of 528 slots
     assert choose_num_splits(32, 8, 4096, 132, tile_n=64, programs_per_sm=4) == 2  # 512 programs
     assert choose_num_splits(16, 8, 32768, 132, tile_n=64, programs_per_sm=4) == 4
 
@@ -218,14 +239,23 @@ def test_split_heuristic_fills_the_gpu_for_small_batches():
 def test_split_heuristic_avoids_a_part_filled_last_wave():
     # 1024 programs = 1.94 waves of 528: already full enough, no split.
     assert choose_num_splits(128, 8, 2048, 132, programs_per_sm=4) == 1
-    # 600 programs = 1.14 waves; splitting 4 ways gives 4.5 waves, the last one 0.5 full
-    # but 90% of the time spent working.
-    assert wave_fill(600, 528) < MIN_WAVE_FILL <= wave_fill(600 * choose_num_splits(75, 8, 4096, 132), 528)
+    # 200 programs = 0.38 of a wave; splitting 3 ways gives 600 = 1.14 waves (fill 0.57),
+    # 5 ways 1000 = 1.89 waves (fill 0.95): the heuristic takes 5.
+    assert wave_fill(200 * 3, 528) < MIN_WAVE_FILL <= wave_fill(200 * choose_num_splits(25, 8, 4096, 132), 528)
+    assert choose_num_splits(25, 8, 4096, 132) == 5
 
 
-def test_split_heuristic_never_splits_below_one_tile():
+def test_split_heuristic_leaves_a_half_full_wave_unsplit():
+    # 384 programs fill 0.73 of a wave: splitting to fill it cut each split to 4 tiles and
+    # ran slower on the H200 (82.2 vs 63.2 us at B=96, L=1024, 4 KV heads).
+    assert choose_num_splits(96, 4, 1024, 132, tile_n=64, programs_per_sm=4) == 1
+    assert choose_num_splits(32, 8, 4096, 132, tile_n=64, programs_per_sm=4) == 2  # 256: under half
+
+
+def test_split_heuristic_never_splits_below_two_tiles():
     assert choose_num_splits(4, 8, 1, 132) == 1  # one token: one tile, one split
-    assert choose_num_splits(1, 1, 100, 132, tile_n=64) == 2  # 2 tiles at most
+    assert choose_num_splits(1, 1, 100, 132, tile_n=64) == 1  # 2 tiles: one split of both
+    assert choose_num_splits(1, 1, 300, 132, tile_n=64) == 2  # 5 tiles: 2 splits of 2-3
     assert choose_num_splits(1, 1, 10**6, 10**4) <= MAX_SPLITS
 
 
@@ -265,16 +295,20 @@ def test_reduction_gives_empty_splits_zero_weight_even_over_nan():
         from labs.paged_attention.interpreter_compat import patch_interpreter_index
 
         patch_interpreter_index()
-    batch, heads, splits, d = 1, 2, 4, 16
-    part = torch.randn(batch, heads, splits, d, device=DEVICE)
-    lse = torch.tensor([[[1.0, float("-inf"), 0.5, float("-inf")]] * heads], device=DEVICE)
-    part[:, :, 1] = float("nan")  # an empty split's slot holding garbage
-    part[:, :, 3] = float("nan")
-    out = torch.empty(batch, heads, d, device=DEVICE)
-    split_reduce_kernel[(batch, heads)](part, lse, out, splits, out.stride(0), out.stride(1), HEAD_DIM=d, D_PAD=d, S_PAD=splits)
-    w = torch.exp2(lse[0, 0, [0, 2]] - 1.0)
-    expected = (w[0] * part[:, :, 0] + w[1] * part[:, :, 2]) / w.sum()
-    torch.testing.assert_close(out, expected)
+    heads, splits, d = 2, 4, 16
+    # One sequence of 4 tiles, a target of 4 splits: the plan gives it splits 0..3.
+    seq_lens = torch.tensor([4 * 16], dtype=torch.int32, device=DEVICE)
+    assert plan_splits([64], (4, 4), 16) == [splits]
+    part = torch.randn(splits + 1, heads, d, device=DEVICE)
+    lse = torch.tensor([[1.0, float("-inf"), 0.5, float("-inf"), 0.0]] * heads, device=DEVICE).T.contiguous()
+    part[1] = float("nan")  # an empty split's slot holding garbage
+    part[3] = float("nan")
+    out = torch.empty(1, heads, d, device=DEVICE)
+    split_reduce_kernel[(1, heads)](part, lse, out, seq_lens, 1, 4, 4, 64, out.stride(0), out.stride(1),
+                                    HEAD_DIM=d, D_PAD=d, B_PAD=1, TILE_N=16, S_CHUNK=2, USE_GDC=False)
+    w = torch.exp2(lse[[0, 2], 0] - 1.0)
+    expected = (w[0] * part[0] + w[1] * part[2]) / w.sum()
+    torch.testing.assert_close(out[0], expected)
 
 
 def test_context_length_one_with_split():
@@ -312,10 +346,84 @@ def test_head_dim_not_a_power_of_two():
     assert_matches(out, reference(problem), torch.float16, "head_dim=40")
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("group", [1, 3, 7, 16])
+def test_group_sizes_on_ragged_lengths(group, num_splits):
+    """Groups that are not powers of 2 leave padding rows in the tile; none may leak out."""
+    lens = random_lens(__import__("random").Random(group), 5, 70)
+    problem = make_problem(lens, 2 * group, 2, CPU_HEAD_DIM, 8, torch.float16, DEVICE, seed=group)
+    out = run_case(problem, num_splits=num_splits, tile_n=CPU_TILE_N)
+    assert_matches(out, reference(problem), torch.float16, f"group={group} lens={lens}")
+
+
+def test_split_counts_follow_the_lengths():
+    """The plan gives long sequences more splits: 4,000 tokens next to 100-token ones."""
+    lens = [4000, 100, 100, 100, 1]
+    counts = plan_splits(lens, (40, 40), 16)
+    assert counts[0] == 38 and counts[1:] == [1, 1, 1, 1]
+    assert plan_splits(lens, (400, 400), 16)[0] == 64, "no sequence gets more than SPLIT_CAP"
+    assert sum(counts) <= 40 + len(lens), "the grid holds target + batch splits"
+    assert plan_splits([512] * 4, (12, 40), 16) == [3] * 4, "equal lengths use the uniform target"
+    assert plan_splits([5, 3], (2, 2), 16) == [1, 1], "target <= batch: no split at all"
+
+
+def test_split_targets_need_no_lengths():
+    uniform, ragged = split_targets(64, 8, 132, 4096, tile_n=64, programs_per_sm=4, ragged_waves=4)
+    assert uniform == 64 and ragged == 264  # 1 split each; 4 waves of 528 slots over 8 KV heads
+
+
+def test_ragged_plan_matches_reference_with_many_splits():
+    """One long sequence among short ones: it gets most of the splits, the reduction loops."""
+    lens = [300, 3, 20, 9, 40, 1, 2, 17]
+    problem = make_problem(lens, 4, 2, CPU_HEAD_DIM, 16, torch.float16, DEVICE, seed=4)
+    assert max(plan_splits(lens, (8 * 6, 8 * 6), CPU_TILE_N, split_cap=128)) == 19  # one sequence, 19 splits
+    out = run_case(problem, num_splits=6, tile_n=CPU_TILE_N)
+    assert_matches(out, reference(problem), torch.float16, f"lens={lens}")
+
+
+def test_zero_length_sequence_gives_a_zero_row():
+    problem = make_problem([20, 5, 7], 4, 2, CPU_HEAD_DIM, 8, torch.float16, DEVICE, seed=2)
+    problem.seq_lens[1] = 0  # a padding slot of a captured batch
+    out = paged_decode(problem.q, problem.k_cache, problem.v_cache, problem.block_tables, problem.seq_lens,
+                       num_splits=2, tile_n=CPU_TILE_N)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+    problem.lens[1] = 0
+    assert_matches(out, reference(problem), torch.float16, "zero-length sequence")
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("group", [1, 4, 7])
+def test_fp8_cache_matches_both_references(group, num_splits):
+    lens = random_lens(__import__("random").Random(10 + group), 4, 60)
+    problem = make_problem(lens, 2 * group, 2, CPU_HEAD_DIM, 8, torch.float16, DEVICE, seed=group,
+                           kv_dtype=FP8_DTYPE)
+    plain = make_problem(lens, 2 * group, 2, CPU_HEAD_DIM, 8, torch.float32, DEVICE, seed=group)
+    assert problem.k_cache.dtype == FP8_DTYPE and problem.k_cache.element_size() == 1
+    assert 0 < problem.k_scale.item() < 1, "calibrated scale: amax / 448 of standard-normal data"
+    out = run_case(problem, num_splits=num_splits, tile_n=CPU_TILE_N)
+    assert_matches(out, reference(problem), torch.float16, f"fp8 vs dequantised, lens={lens}")
+    err = ((out.float() - reference(plain)).norm() / reference(plain).norm()).item()
+    assert err <= FP8_QUANT_REL_ERR, f"fp8 vs unquantised: {err:.3g}"
+
+
+def test_fp8_writer_quantises_with_the_scale_and_saturates():
+    from labs.paged_attention.cache import FP8_MAX
+
+    cache = PagedKVCache(1, 2, 8, 1, 4, FP8_DTYPE, "cpu")
+    cache.set_scales(0, 0.5, 2.0)
+    k = torch.tensor([[[1.0, -3.0, 1000.0, 0.1]]])
+    cache.write(0, [9], k, k)
+    stored = cache.k[0][1, 1, 0].float()
+    assert stored.tolist()[:2] == [2.0, -6.0] and stored[2] == FP8_MAX, "value / scale, clamped to 448"
+    assert cache.v[0][1, 1, 0].float()[1] == -1.5
+    with pytest.raises(ValueError, match="only to an fp8 cache"):
+        PagedKVCache(1, 2, 8, 1, 4, torch.float16, "cpu").set_scales(0, 1.0, 1.0)
+
+
 def test_launcher_rejects_bad_inputs_with_clear_messages():
     p = make_problem([5], 4, 2, CPU_HEAD_DIM, 8, torch.float16, DEVICE)
     args = (p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
-    with pytest.raises(ValueError, match="share a dtype"):
+    with pytest.raises(ValueError, match="share q.s dtype"):
         paged_decode(p.q.float(), *args[1:])
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         paged_decode(p.q[:, :3], *args[1:])
@@ -325,6 +433,11 @@ def test_launcher_rejects_bad_inputs_with_clear_messages():
         paged_decode(*args, max_seq_len=10**6)
     with pytest.raises(ValueError, match="num_splits"):
         paged_decode(*args, num_splits=0)
+    with pytest.raises(ValueError, match="apply only to an fp8 cache"):
+        paged_decode(*args, k_scale=torch.ones(()), v_scale=torch.ones(()))
+    f8 = make_problem([5], 4, 2, CPU_HEAD_DIM, 8, torch.float16, DEVICE, kv_dtype=FP8_DTYPE)
+    with pytest.raises(ValueError, match="needs k_scale"):
+        paged_decode(f8.q, f8.k_cache, f8.v_cache, f8.block_tables, f8.seq_lens)
 
 
 # ----------------------------------------------------------------------------------
@@ -389,3 +502,82 @@ def test_gpu_error_within_2x_of_sdpa(dtype, heads):
     err_ours, err_sdpa = rel_err(ours, ref), rel_err(sdpa, ref)
     assert err_ours <= 2 * err_sdpa, f"kernel error {err_ours:.3g} > 2 x SDPA's {err_sdpa:.3g}"
     assert_matches(ours, sdpa.float(), dtype, "kernel vs SDPA")
+
+
+# ----------------------------------------------------------------------------------
+# GPU: ragged batches, every group size, graph replay, fp8.
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", range(1, 17))
+def test_gpu_every_group_size_on_random_lengths(group):
+    """Group sizes 1-16, random lengths up to 20K, blocks in random order, NaN in unused slots."""
+    import random
+
+    lens = random_lens(random.Random(group), 12, 20000)
+    problem = make_problem(lens, 4 * group, 4, GPU_HEAD_DIM, 16, torch.bfloat16, "cuda", seed=group)
+    table0 = problem.block_tables[0, : -(-lens[0] // 16)].tolist()
+    assert table0 != sorted(table0)
+    assert_matches(run_case(problem), reference(problem), torch.bfloat16, f"group={group} lens={lens}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rule", ["uniform", "lognormal", "one-long"])
+def test_gpu_ragged_workloads_match_reference(rule):
+    """The benchmark's three ragged rules, at fewer sequences (the one-long rule keeps its 128K)."""
+    from labs.paged_attention.bench import Ragged
+
+    lens = Ragged(16 if rule != "one-long" else 8, rule).lens()
+    problem = make_problem(lens, 32, 8, GPU_HEAD_DIM, 16, torch.bfloat16, "cuda", seed=3)
+    assert_matches(run_case(problem), reference(problem), torch.bfloat16, f"{rule}: lens={lens}")
+
+
+def _replay_with_new_lengths(kv_dtype):
+    """Capture once on equal lengths; replay after writing ragged lengths (and a 0) in place."""
+    import random
+
+    lens = [6000] * 8
+    problem = make_problem(lens, 32, 8, GPU_HEAD_DIM, 16, torch.bfloat16, "cuda", seed=9, kv_dtype=kv_dtype)
+    kwargs = problem.kernel_kwargs()
+    call = lambda: paged_decode(problem.q, problem.k_cache, problem.v_cache,  # noqa: E731
+                                problem.block_tables, problem.seq_lens, **kwargs)
+    call()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    graph.replay()
+    atol, rtol = TOLERANCES[torch.bfloat16]
+    torch.testing.assert_close(out.float(), reference(problem), atol=atol, rtol=rtol)
+    rng = random.Random(1)
+    for new in ([5999, 1, 17, 0, 4096, 6000, 33, 2048], [rng.randint(1, 6000) for _ in range(8)]):
+        problem.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        problem.lens[:] = new
+        out.fill_(float("nan"))  # every element must be written again by the replay
+        graph.replay()
+        assert_matches(out, reference(problem), torch.bfloat16, f"replay with lens={new}")
+
+
+@pytest.mark.gpu
+def test_gpu_graph_replay_with_new_lengths():
+    _replay_with_new_lengths(None)
+
+
+@pytest.mark.gpu
+def test_gpu_fp8_graph_replay_with_new_lengths():
+    _replay_with_new_lengths(FP8_DTYPE)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [1, 4, 7, 8, 16])
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+def test_gpu_fp8_matches_both_references(dtype, group):
+    import random
+
+    lens = random_lens(random.Random(group), 10, 32768)
+    problem = make_problem(lens, 4 * group, 4, GPU_HEAD_DIM, 16, dtype, "cuda", seed=group, kv_dtype=FP8_DTYPE)
+    plain = make_problem(lens, 4 * group, 4, GPU_HEAD_DIM, 16, torch.float32, "cuda", seed=group)
+    out = run_case(problem)
+    assert_matches(out, reference(problem), dtype, f"fp8 vs dequantised, lens={lens}")
+    err = rel_err(out, reference(plain))
+    assert err <= FP8_QUANT_REL_ERR, f"fp8 vs unquantised values: {err:.3g}"

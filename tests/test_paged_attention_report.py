@@ -77,11 +77,11 @@ def results(tmp_path, monkeypatch):
     return write
 
 
-def _table_rows(markdown: str) -> list[list[str]]:
-    """The data rows of every pipe table in the Markdown, as lists of cell text."""
+def _table_rows(markdown: str, full: bool = True) -> list[list[str]]:
+    """The data rows of the full tables (every column, inside the collapsible block), or of the compact ones."""
     rows = []
     for line in markdown.splitlines():
-        if line.startswith("| `"):
+        if line.lstrip().startswith("| `") and line.startswith("    ") == full:
             rows.append([c.strip() for c in line.strip().strip("|").split("|")])
     return rows
 
@@ -93,6 +93,13 @@ def _num(cell: str) -> float:
 def _assert_table_matches(markdown: str, gpus: dict) -> None:
     rows = _table_rows(markdown)
     expected = [(e, r) for e in gpus.values() for r in e["rows"]]
+    # The compact table shows the columns the page's text reads, the same numbers.
+    compact = _table_rows(markdown, full=False)
+    assert [c[0] for c in compact] == [f"`{r['shape']}`" for _, r in expected]
+    for cells, (_, r) in zip(compact, expected):
+        assert len(cells) == 6
+        assert _num(cells[1]) == pytest.approx(r["time_us"], abs=0.05)
+        assert _num(cells[3]) == r["copy_fraction"] and _num(cells[5]) == r["ratio_to_sdpa"]
     assert len(rows) == len(expected), f"{len(rows)} table rows for {len(expected)} recorded rows"
     for cells, (e, r) in zip(rows, expected):
         shape, dims, splits, t, floor, mib, tbs, frac, sdpa, ratio, backend = cells
@@ -100,12 +107,12 @@ def _assert_table_matches(markdown: str, gpus: dict) -> None:
         assert [int(x) for x in re.findall(r"\d+", dims)] == [r["batch"], r["context_len"], r["q_heads"],
                                                               r["kv_heads"]]
         assert int(splits) == r["num_splits"]
-        assert _num(t) == pytest.approx(r["time_us"], abs=0.05)
-        assert _num(floor) == pytest.approx(r["floor_us"], abs=0.05)
+        assert _num(t) == pytest.approx(r["time_us"], abs=0.0501)
+        assert _num(floor) == pytest.approx(r["floor_us"], abs=0.0501)
         assert _num(mib) == pytest.approx(r["kv_bytes"] / 2**20, abs=0.5)
-        assert _num(tbs) == pytest.approx(r["tb_s"], abs=0.005)
+        assert _num(tbs) == pytest.approx(r["tb_s"], abs=0.0051)  # 2 decimals of a 3-decimal value
         assert _num(frac) == r["copy_fraction"]
-        assert _num(sdpa) == pytest.approx(r["sdpa_time_us"], abs=0.05)
+        assert _num(sdpa) == pytest.approx(r["sdpa_time_us"], abs=0.0501)
         assert _num(ratio) == r["ratio_to_sdpa"]
         assert backend == (r["run"]["sdpa_backend"] if "run" in r else e["sdpa_backend"])
 
@@ -113,7 +120,7 @@ def _assert_table_matches(markdown: str, gpus: dict) -> None:
 def test_table_of_the_recorded_file_shows_its_numbers():
     for label, e in RECORDED.items():
         md = report.paged_attention_results_table(gpu=label)
-        _assert_table_matches(md, {label: e})
+        _assert_table_matches(md, {label: {**e, "rows": bench.table_rows(e["rows"], "shapes")}})
         for value in (e["gpu"], e["driver"], e["torch"], e["triton"], e["date"], f"{e['copy_tb_s']:.2f} TB/s"):
             assert value in md
 
@@ -126,6 +133,7 @@ def test_each_gpu_is_a_table_with_its_own_environment(results):
     _assert_table_matches(beta, {"GPU Beta": TWO_GPUS["GPU Beta"]})
     assert "**GPU Alpha**" in alpha and "2030-01-02" in alpha and "2030-03-04" not in alpha
     assert "2030-03-04" in beta and "7.50 TB/s" in beta and "| flash |" in beta
+    assert alpha.count("| Shape |") == 2 and beta.count("| Shape |") == 2  # a compact and a full table each
 
 
 def test_a_second_gpu_recorded_keeps_the_first_and_every_page_macro_still_renders(tmp_path, monkeypatch):
@@ -204,9 +212,11 @@ def test_recorded_transcript_is_what_format_table_prints():
     """The `table` string a question shows as the command's output is derived from the rows."""
     assert RECORDED
     for e in RECORDED.values():
-        assert e["table"] == bench.format_table(e["rows"])
+        tables = {key: bench.table_rows(e["rows"], t) for t, key in bench.ENTRY_TABLES.items()}
+        assert e["table"] == bench.format_all(tables)
+        shapes = tables["rows"]
         assert e["table"].splitlines()[0] == bench.TABLE_HEADER
-        for line, r in zip(e["table"].splitlines()[1:], e["rows"], strict=True):
+        for line, r in zip(e["table"].splitlines()[1:1 + len(shapes)], shapes, strict=True):
             assert line.split()[:2] == [r["shape"], str(r["num_splits"])]
 
 
@@ -218,3 +228,38 @@ def test_macros_are_prefixed_unique_and_torch_free():
             "assert 'torch' not in sys.modules and 'triton' not in sys.modules, sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_other_tables_show_the_recorded_numbers():
+    """Group, ragged and fp8 tables: every row recorded under the table, its numbers as recorded."""
+    for label, e in RECORDED.items():
+        for table, macro, cells_of in (
+            ("groups", report.paged_attention_group_table,
+             lambda r: [r["group_size"], r["num_splits"], r["time_us"], r["floor_us"], r["copy_fraction"],
+                        r["sdpa_time_us"], r["ratio_to_sdpa"]]),
+            ("ragged", report.paged_attention_ragged_table,
+             lambda r: [r["batch"], r["lens"]["total"], r["splits_total"], r["splits_max"], r["time_us"],
+                        r["floor_us"], r["tb_s"], r["copy_fraction"]]),
+            ("fp8", report.paged_attention_fp8_table,
+             lambda r: [r["time_us"], round(r["kv_bytes"] / 2**20), r["tb_s"], r["copy_fraction"],
+                        r["bf16_time_us"], r["speedup_vs_bf16"]]),
+        ):
+            rows = bench.table_rows(e["rows"], table)
+            assert rows, f"{label} has no {table} rows recorded"
+            md = macro(gpu=label)
+            lines = [line for line in md.splitlines() if line.startswith("| `")]
+            assert len(lines) == len(rows)
+            assert e["gpu"] in md and e["date"] in md
+            for line, r in zip(lines, rows, strict=True):
+                assert line.startswith(f"| `{r['shape']}` |")
+                numbers = [float(x) for x in re.findall(r"(?<![\w.])\d[\d,]*\.?\d*", line.replace(",", ""))]
+                for want in cells_of(r):
+                    assert any(abs(n - want) <= 0.05 + 0.001 * abs(want) for n in numbers), (table, r["shape"], want, line)
+
+
+def test_the_other_tables_say_when_nothing_is_recorded(results):
+    results(TWO_GPUS)  # rows without a table are shapes: no group, ragged or fp8 rows
+    for macro in (report.paged_attention_group_table, report.paged_attention_ragged_table,
+                  report.paged_attention_fp8_table):
+        md = macro(gpu="GPU Alpha")
+        assert "No `" in md and "rows are recorded for GPU Alpha" in md and report.RECORD_COMMAND in md

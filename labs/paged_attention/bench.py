@@ -2,15 +2,29 @@
 
 Run:
 
-    python -m labs.paged_attention.bench                      # check, then time every shape
+    python -m labs.paged_attention.bench                      # check, then time every case
     python -m labs.paged_attention.bench --out out/pa         # ... and write out/pa/paged_attention.json
     python -m labs.paged_attention.bench --out out/pa --record  # ... and record into labs/results/
+    python -m labs.paged_attention.bench --only ragged --only fp8  # some tables only
     python -m labs.paged_attention.bench --sweep --out out/pa # time tile/warps/stages/split variants
     python -m labs.paged_attention.bench --shape b32-l4k --tile-n 128 --num-warps 8  # one variant
 
-Order of work: environment report -> build every shape -> check the kernel against the
-fp32 reference (prints "all results match", or exits 1 before any timing) -> measure
-the device-to-device copy bandwidth -> time each shape.
+Four tables of cases, each with at least 512 MiB of KV except at B = 1:
+
+* shapes: equal lengths, Llama-3-8B-like heads (32 query, 8 KV, d = 128) and one
+  multi-head shape, vs cuDNN SDPA on the same KV stored contiguously;
+* groups: every GQA group size 1-16 with 8 KV heads, L = 4,096, B = 16 and 64, and
+  Qwen2.5-7B's 28/4 heads at B = 96, L = 1,024, vs SDPA;
+* ragged: a serving batch's mixed lengths (no SDPA: it needs equal lengths), as a
+  fraction of the copy bandwidth measured in the same run;
+* fp8: the float8 e4m3 cache on the same data as a bf16 case: time, fraction of copy
+  on the fp8 bytes read, speedup over the bf16 kernel, and two errors (against the
+  dequantised fp32 reference: the kernel's own; against fp32 on the unquantised data:
+  what the quantisation costs).
+
+Order of work: environment report -> build every case -> check the kernel against the
+fp32 reference on each (prints "all results match", or exits 1 before any timing) ->
+measure the device-to-device copy bandwidth -> time each case.
 
 Timing: each call (kernel + reduction, or SDPA) is captured in a CUDA graph and its
 replay is timed by `triton.testing.do_bench`, which clears the L2 cache before every
@@ -34,13 +48,15 @@ JSON written by --out (DIR/paged_attention.json, this run only):
           "copy_graph_tb_s": float,              # the same copy replayed from a CUDA graph (not used)
           "sdpa_backend": str,                   # which SDPA backend the default call ran
           "sdpa_kernels": [str],                 # its CUDA kernel names, from the profiler
+          "pdl": bool,                           # the reduction used programmatic dependent launch
           "max_memory_reserved_gib": float,
-          "table": str,                          # the timing table main() printed: format_table(rows)
-          "rows": [{
+          "table": str,                          # the shapes table main() printed: format_table(rows)
+          "rows": [{                             # shapes: equal lengths
             "shape": str,                        # name in SHAPES
             "batch": int, "context_len": int, "q_heads": int, "kv_heads": int, "head_dim": int,
             "block_size": int, "dtype": "bfloat16",
-            "num_splits": int, "tile_n": int, "num_warps": int, "num_stages": int,
+            "num_splits": int, "tiles": int,     # splits per sequence; tiles of tile_n tokens per sequence
+            "tile_n": int, "num_warps": int, "num_stages": int,
             "kv_bytes": int,                     # K + V bytes the kernel must read
             "floor_us": float,                   # kv_bytes / copy bandwidth
             "time_us": float,                    # median, kernel + reduction
@@ -51,6 +67,25 @@ JSON written by --out (DIR/paged_attention.json, this run only):
             "ratio_to_sdpa": float,              # time_us / sdpa_time_us (< 1: faster)
             "sdpa_us_by_backend": {str: float},  # each backend that accepted the call, forced
             "rel_err": float, "sdpa_rel_err": float  # ||out - ref|| / ||ref||, fp32 reference
+          }],
+          "group_rows": [{... as rows, plus "group_size": int; sdpa_us_by_backend is {}}],
+          "ragged_rows": [{                      # mixed lengths; no SDPA columns
+            "shape": str, "batch": int, "q_heads", "kv_heads", "head_dim", "block_size", "dtype",
+            "lens": {"min", "median", "p99", "max", "total": int},
+            "splits_total": int, "splits_max": int,  # the plan: splits per KV head, all and largest
+            "tile_n", "num_warps", "num_stages", "kv_bytes", "floor_us", "time_us",
+            "rerun_spread", "tb_s", "copy_fraction", "rel_err"
+          }],
+          "fp8_rows": [{                         # the same data as the bf16 case `of`
+            "shape": str, "of": str, "kind": "shapes" | "ragged", "batch": int, "context_len": int,
+            "q_heads", "kv_heads", "dtype", "kv_dtype": "float8_e4m3fn",
+            "k_scale": float, "v_scale": float,
+            "tile_n", "num_warps", "num_stages", "kv_bytes", "floor_us", "time_us", "rerun_spread",
+            "tb_s", "copy_fraction",
+            "bf16_time_us": float, "speedup_vs_bf16": float,   # bf16 time / fp8 time
+            "rel_err": float,                    # vs fp32 attention on the dequantised cache
+            "quant_rel_err": float,              # vs fp32 attention on the unquantised values
+            "bf16_rel_err": float                # the bf16 kernel's, for comparison
           }]
         }
       }
@@ -58,19 +93,24 @@ JSON written by --out (DIR/paged_attention.json, this run only):
 
 --record merges the rows into labs/results/paged_attention.json through
 labs/recorded.py (the format its docstring gives): one machine per GPU, one row
-per shape (key "shape"), each row with `"ok": true` (a run whose check fails
-records nothing) and the GPU entry above, less its rows and table, as its
-`"run"`; the machine's `derived.table` is `format_table` of all its rows. A run
-of some shapes replaces those rows and keeps the others. Only the kernel's
-default configuration is recorded, so a row always means the same kernel.
+per case (key "shape"; names are unique across the four tables), each row with
+its "table" ("shapes", "groups", "ragged" or "fp8"), `"ok": true` (a run whose
+check fails records nothing) and the GPU entry above, less its rows and tables,
+as its "run"; the machine's `derived.table` is every table as printed. A run of
+some cases replaces those rows and keeps the others. Only the kernel's default
+configuration is recorded, so a row always means the same kernel.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
+import math
+import random
 import shutil
+import statistics
 import subprocess
 import sys
 import warnings
@@ -81,6 +121,12 @@ RESULTS_PATH = Path(__file__).resolve().parents[1] / "results" / "paged_attentio
 SCHEMA_VERSION = 1
 # bf16's band for a relative error against fp32 (METHOD: bf16 operands land 1e-3..1e-2).
 MATCH_REL_ERR = 1e-2
+# fp8 against fp32 on the unquantised values: e4m3 keeps 3 mantissa bits, so each stored
+# value is off by up to 2**-4 of itself (half a unit in the last place). K's errors move
+# the scores and V's the values averaged; on random data they add to about 3-5% of the
+# output's norm. One unit in the last place, 2**-3, is the line.
+FP8_MATCH_REL_ERR = 2.0**-3
+TABLES = ("shapes", "groups", "ragged", "fp8")
 
 
 @dataclass(frozen=True)
@@ -96,6 +142,36 @@ class Shape:
         assert self.q_heads % self.kv_heads == 0, "q_heads must be a multiple of kv_heads"
         assert self.context_len >= 1 and self.batch >= 1, "need at least one sequence of one token"
 
+    def lens(self) -> list[int]:
+        return [self.context_len] * self.batch
+
+
+@dataclass(frozen=True)
+class Ragged:
+    """A batch of mixed lengths drawn by a named rule from a fixed seed."""
+
+    batch: int
+    rule: str  # "uniform", "lognormal" or "one-long"
+    q_heads: int = 32
+    kv_heads: int = 8
+    head_dim: int = 128
+    block_size: int = 16
+    seed: int = 11
+
+    def lens(self) -> list[int]:
+        rng = random.Random(self.seed)
+        if self.rule == "uniform":  # uniform in 64..16K
+            return [rng.randint(64, 16384) for _ in range(self.batch)]
+        if self.rule == "lognormal":  # median 1,024, p99 = 1,024 * e^(2.326 * 1.49) = 32K
+            return [min(max(round(rng.lognormvariate(math.log(1024), 1.49)), 16), 131072) for _ in range(self.batch)]
+        if self.rule == "one-long":  # one 128K-token sequence among 63 of 512
+            return [131072] + [512] * (self.batch - 1)
+        raise ValueError(f"unknown rule {self.rule!r}")
+
+    @property
+    def context_len(self) -> int:
+        return max(self.lens())
+
 
 # Llama-3-8B-like attention (32 query heads, 8 KV heads, d=128) at batch and context
 # sizes that serving meets, plus one multi-head (no GQA) shape.
@@ -106,7 +182,25 @@ SHAPES = {
     "b128-l2k": Shape(128, 2048, 32, 8),
     "b16-l32k": Shape(16, 32768, 32, 8),
     "b32-l4k-mha": Shape(32, 4096, 32, 32),
+    "b1-l32k": Shape(1, 32768, 32, 8),
 }
+# Every group size 1-16 at 8 KV heads, and Qwen2.5-7B (28 query / 4 KV heads, a group of 7).
+GROUP_SHAPES = {
+    **{f"g{g}-b{b}": Shape(b, 4096, 8 * g, 8) for b in (16, 64) for g in range(1, 17)},
+    "qwen7b-b96-l1k": Shape(96, 1024, 28, 4),
+}
+RAGGED = {
+    "ragged-uniform": Ragged(64, "uniform"),
+    "ragged-lognormal": Ragged(128, "lognormal"),
+    "ragged-one-long": Ragged(64, "one-long"),
+}
+# fp8 twins: the same data as these bf16 cases.
+FP8_OF = ["b1-l4k", "b32-l4k", "b64-l4k", "b128-l2k", "b16-l32k", "b32-l4k-mha", *RAGGED]
+ALL_CASES = {**SHAPES, **GROUP_SHAPES, **RAGGED}
+
+
+def table_of(name: str) -> str:
+    return "shapes" if name in SHAPES else "groups" if name in GROUP_SHAPES else "ragged"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -118,21 +212,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="folder to write paged_attention.json (and sweep.json) into")
     p.add_argument("--record", action="store_true",
                    help=f"also merge this run's rows into {RESULTS_PATH.relative_to(RESULTS_PATH.parents[2])}: "
-                   "the shapes timed replace their rows for this GPU, every other row stays")
-    p.add_argument("--shape", action="append", choices=sorted(SHAPES), metavar="NAME",
-                   help=f"time only this shape (repeatable); one of {', '.join(SHAPES)}")
+                   "the cases timed replace their rows for this GPU, every other row stays")
+    p.add_argument("--only", action="append", choices=TABLES, metavar="TABLE",
+                   help=f"run only this table (repeatable); one of {', '.join(TABLES)}")
+    p.add_argument("--shape", action="append", choices=sorted(ALL_CASES), metavar="NAME",
+                   help="time only this case (repeatable); a name from SHAPES, GROUP_SHAPES or RAGGED")
     p.add_argument("--tile-n", type=int, help="tokens per loop step (power of 2, >= 16); default: kernel's")
     p.add_argument("--num-warps", type=int, help="warps per program; default: kernel's")
     p.add_argument("--num-stages", type=int, help="software-pipeline depth; default: kernel's")
     p.add_argument("--programs-per-sm", type=int, help="programs that fit on one SM at once, for the split heuristic; default: kernel's")
-    p.add_argument("--num-splits", type=int, help="force this split count for every shape (1: no split-K)")
+    p.add_argument("--num-splits", type=int, help="force this mean split count per sequence (1: no split-K)")
+    p.add_argument("--ragged-waves", type=float, help="waves of programs the plan aims for when lengths differ; default: kernel's")
+    p.add_argument("--no-pdl", action="store_true", help="launch the reduction without programmatic dependent launch")
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement, ms (default 100)")
     p.add_argument("--sweep", action="store_true",
                    help="time every tile/warps/stages configuration in SWEEP_CONFIGS at every useful "
-                   "split count, per shape; prints the best per shape and writes sweep.json to --out; "
+                   "split count, per equal-length case; prints the best per case and writes sweep.json to --out; "
                    "records nothing")
     p.add_argument("--profile", action="store_true",
-                   help="only run the kernel 3 times per shape, no checks or timing (for ncu)")
+                   help="only run the kernel 3 times per case, no checks or timing (for ncu)")
     args = p.parse_args(argv)
     if args.tile_n is not None and (args.tile_n < 16 or args.tile_n & (args.tile_n - 1)):
         p.error(f"--tile-n must be a power of 2 and >= 16 (tl.dot's minimum), got {args.tile_n}")
@@ -140,7 +238,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--record writes the default configuration's rows; run it without --sweep")
     if args.record:
         variant = [f"--{n.replace('_', '-')}" for n in ("tile_n", "num_warps", "num_stages", "programs_per_sm",
-                                                         "num_splits") if getattr(args, n) is not None]
+                                                         "num_splits", "ragged_waves", "no_pdl")
+                   if getattr(args, n) not in (None, False)]
         if variant:
             p.error(f"--record stores the kernel's default configuration; drop {', '.join(variant)} "
                     "(use --out to keep a variant's rows)")
@@ -148,6 +247,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.ragged_waves is not None and not args.ragged_waves > 0:
+        p.error(f"--ragged-waves must be > 0, got {args.ragged_waves}")
     return args
 
 
@@ -156,7 +257,7 @@ def environment(torch, triton) -> dict:
     if not torch.cuda.is_available():
         sys.exit("error: no CUDA GPU visible (torch.cuda.is_available() is False); this benchmark needs one")
     if not torch.cuda.is_bf16_supported():
-        sys.exit(f"error: {torch.cuda.get_device_name()} has no bf16 support; the shapes are bf16")
+        sys.exit(f"error: {torch.cuda.get_device_name()} has no bf16 support; the cases are bf16")
     props = torch.cuda.get_device_properties(0)
     try:
         driver = subprocess.run(
@@ -249,6 +350,63 @@ def sdpa_kernel_names(torch, fn) -> list[str]:
     return sorted({e.name for e in prof.events() if e.device_type == DeviceType.CUDA and "Memcpy" not in e.name})
 
 
+def lens_summary(lens: list[int]) -> dict:
+    ordered = sorted(lens)
+    return {"min": ordered[0], "median": int(statistics.median(ordered)),
+            "p99": ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)],
+            "max": ordered[-1], "total": sum(ordered)}
+
+
+@dataclass
+class Case:
+    """One benchmark case: its problem, and what the check and the timing need of it."""
+
+    name: str
+    table: str  # "shapes", "groups", "ragged" or "fp8"
+    spec: object  # Shape or Ragged
+    problem: object  # DecodeProblem
+    of: str | None = None  # fp8: the bf16 case holding the same data
+    dense: tuple | None = None  # SDPA's contiguous (q, k, v)
+    errors: dict = dataclasses.field(default_factory=dict)
+
+
+def build_cases(torch, names: list[str], tables: set[str]) -> dict[str, Case]:
+    """bf16 cases by name, their SDPA copies, and fp8 twins; group shapes share one cache per batch."""
+    from labs.paged_attention.reference import gather_kv
+    from labs.paged_attention.workload import make_problem
+
+    cases: dict[str, Case] = {}
+    shared: dict[tuple, object] = {}  # group cases: one cache per (B, L, Hkv)
+    for name in names:
+        spec = ALL_CASES[name]
+        table = table_of(name)
+        if table == "groups" and (spec.batch, spec.context_len, spec.kv_heads) in shared:
+            base = shared[(spec.batch, spec.context_len, spec.kv_heads)]
+            gen = torch.Generator(device="cuda").manual_seed(len(cases))
+            q = torch.randn((spec.batch, spec.q_heads, spec.head_dim), generator=gen, device="cuda").to(torch.bfloat16)
+            p = dataclasses.replace(base.problem, q=q)
+            k, v = base.dense[1], base.dense[2]
+        else:
+            p = make_problem(spec.lens(), spec.q_heads, spec.kv_heads, spec.head_dim, spec.block_size,
+                             torch.bfloat16, "cuda", spare_blocks=64, seed=1)
+            k = v = None
+            if table != "ragged":
+                L = spec.context_len
+                k = torch.stack([gather_kv(p.k_cache, p.block_tables[b], L) for b in range(spec.batch)])
+                v = torch.stack([gather_kv(p.v_cache, p.block_tables[b], L) for b in range(spec.batch)])
+                # (B, L, Hkv, d) -> (B, Hkv, L, d), contiguous: a dense decode cache.
+                k, v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        dense = None if k is None else (p.q.unsqueeze(2), k, v)
+        cases[name] = Case(name, table, spec, p, dense=dense)
+        if table == "groups":
+            shared.setdefault((spec.batch, spec.context_len, spec.kv_heads), cases[name])
+        if "fp8" in tables and name in FP8_OF:
+            twin = make_problem(spec.lens(), spec.q_heads, spec.kv_heads, spec.head_dim, spec.block_size,
+                                torch.bfloat16, "cuda", spare_blocks=64, seed=1, kv_dtype=torch.float8_e4m3fn)
+            cases[f"{name}-fp8"] = Case(f"{name}-fp8", "fp8", spec, twin, of=name)
+    return cases
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
@@ -256,81 +414,99 @@ def main(argv: list[str] | None = None) -> int:
     from torch.nn.attention import sdpa_kernel
 
     from labs.paged_attention import kernel
-    from labs.paged_attention.reference import gather_kv, paged_decode_ref
-    from labs.paged_attention.workload import make_problem
+    from labs.paged_attention.reference import paged_decode_ref
 
     env = environment(torch, triton)
     print("environment:")
     for k, v in env.items():
         print(f"  {k:<20} {v}")
+    if args.no_pdl:
+        kernel._PDL["ok"] = False
 
-    names = args.shape or list(SHAPES)
+    tables = set(args.only or TABLES)
+    # fp8 rows need their bf16 twins, timed in the same run, for the speedup.
+    names = list(args.shape) if args.shape else [
+        n for n in ALL_CASES if table_of(n) in tables or ("fp8" in tables and n in FP8_OF)]
     knobs = {
-        "tile_n": args.tile_n or kernel.DEFAULT_TILE_N,
-        "num_warps": args.num_warps or kernel.DEFAULT_NUM_WARPS,
-        "num_stages": args.num_stages or kernel.DEFAULT_NUM_STAGES,
+        "tile_n": args.tile_n, "num_warps": args.num_warps, "num_stages": args.num_stages,
         "programs_per_sm": args.programs_per_sm or kernel.RESIDENT_PROGRAMS,
+        "ragged_waves": args.ragged_waves or kernel.RAGGED_WAVES,
     }
 
-    def splits_for(shape: Shape, tile_n: int, programs_per_sm: int) -> int:
+    def config(case: Case) -> dict:
+        fp8 = case.table == "fp8"
+        return {
+            "tile_n": knobs["tile_n"] or (kernel.FP8_TILE_N if fp8 else kernel.DEFAULT_TILE_N),
+            "num_warps": knobs["num_warps"] or (kernel.FP8_NUM_WARPS if fp8 else kernel.DEFAULT_NUM_WARPS),
+            "num_stages": knobs["num_stages"] or (kernel.FP8_NUM_STAGES if fp8 else kernel.DEFAULT_NUM_STAGES),
+        }
+
+    def decode_fn(case: Case, **over):
+        p = case.problem
+        kw = {**knobs, **config(case), "num_splits": args.num_splits, **over}
+        return lambda: kernel.paged_decode(
+            p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, max_seq_len=p.max_seq_len,
+            **p.kernel_kwargs(), **kw)
+
+    def plan(case: Case) -> list[int]:
+        p, c = case.problem, config(case)
         if args.num_splits:
-            return args.num_splits
-        return kernel.choose_num_splits(shape.batch, shape.kv_heads, shape.context_len, env["sm_count"], tile_n, programs_per_sm)
+            targets = (p.q.shape[0] * args.num_splits,) * 2
+        else:
+            targets = kernel.split_targets(p.q.shape[0], p.k_cache.shape[2], env["sm_count"], p.max_seq_len,
+                                           c["tile_n"], knobs["programs_per_sm"], knobs["ragged_waves"])
+        return kernel.plan_splits(p.lens, targets, c["tile_n"], kernel.MAX_SPLITS if args.num_splits else kernel.SPLIT_CAP)
 
-    def decode_fn(problem, shape: Shape, tile_n, num_warps, num_stages, programs_per_sm):
-        ns = splits_for(shape, tile_n, programs_per_sm)
-        return ns, lambda: kernel.paged_decode(
-            problem.q, problem.k_cache, problem.v_cache, problem.block_tables, problem.seq_lens,
-            max_seq_len=problem.max_seq_len, num_splits=ns, tile_n=tile_n,
-            num_warps=num_warps, num_stages=num_stages,
-        )
-
-    # Build every shape: paged cache in random block order, and the same KV contiguous for SDPA.
-    problems, dense = {}, {}
-    for name in names:
-        s = SHAPES[name]
-        p = make_problem([s.context_len] * s.batch, s.q_heads, s.kv_heads, s.head_dim, s.block_size,
-                         torch.bfloat16, "cuda", spare_blocks=64, seed=1)
-        problems[name] = p
-        if args.profile:
-            continue
-        k = torch.stack([gather_kv(p.k_cache, p.block_tables[b], s.context_len) for b in range(s.batch)])
-        v = torch.stack([gather_kv(p.v_cache, p.block_tables[b], s.context_len) for b in range(s.batch)])
-        # (B, L, Hkv, d) -> (B, Hkv, L, d), contiguous: a dense decode cache.
-        dense[name] = (p.q.unsqueeze(2), k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous())
-        del k, v
-
+    cases = build_cases(torch, names, tables)
     if args.profile:
-        for name in names:
-            _, fn = decode_fn(problems[name], SHAPES[name], **knobs)
+        for case in cases.values():
+            fn = decode_fn(case)
             for _ in range(3):
                 fn()
         torch.cuda.synchronize()
         print("profile runs done")
         return 0
 
-    def sdpa(name):
-        q, k, v = dense[name]
+    def sdpa(case: Case):
+        q, k, v = case.dense
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=True)
 
     def rel_err(x, ref):
         return ((x.float() - ref).norm() / ref.norm()).item()
 
-    # Check before any timing.
-    errors, ok = {}, True
-    for name in names:
-        p = problems[name]
+    # Check before any timing. fp8 twins follow their bf16 case, whose fp32 reference on
+    # the unquantised values they are also judged against.
+    ok = True
+    for case in cases.values():
+        if case.table == "fp8":
+            continue
+        p = case.problem
         ref = paged_decode_ref(p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
-        _, fn = decode_fn(p, SHAPES[name], **knobs)
-        out = fn()
-        e_ours, e_sdpa = rel_err(out, ref), rel_err(sdpa(name)().squeeze(2), ref)
-        errors[name] = (e_ours, e_sdpa)
-        good = bool(torch.isfinite(out).all()) and e_ours <= MATCH_REL_ERR
+        out = decode_fn(case)()
+        case.errors = {"rel_err": rel_err(out, ref)}
+        if case.dense is not None:
+            case.errors["sdpa_rel_err"] = rel_err(sdpa(case)().squeeze(2), ref)
+        good = bool(torch.isfinite(out).all()) and case.errors["rel_err"] <= MATCH_REL_ERR
         ok &= good
-        print(f"  check {name:<12} rel_err {e_ours:.2e} (SDPA {e_sdpa:.2e}) {'ok' if good else 'MISMATCH'}")
+        print(f"  check {case.name:<18} rel_err {case.errors['rel_err']:.2e} "
+              f"(SDPA {case.errors.get('sdpa_rel_err', float('nan')):.2e}) {'ok' if good else 'MISMATCH'}")
+        twin = cases.get(f"{case.name}-fp8")
+        if twin is not None:
+            t = twin.problem
+            ref8 = paged_decode_ref(t.q, t.k_cache, t.v_cache, t.block_tables, t.seq_lens,
+                                    k_scale=t.k_scale, v_scale=t.v_scale)
+            out8 = decode_fn(twin)()
+            twin.errors = {"rel_err": rel_err(out8, ref8), "quant_rel_err": rel_err(out8, ref)}
+            good = (bool(torch.isfinite(out8).all()) and twin.errors["rel_err"] <= MATCH_REL_ERR
+                    and twin.errors["quant_rel_err"] <= FP8_MATCH_REL_ERR)
+            ok &= good
+            print(f"  check {twin.name:<18} rel_err {twin.errors['rel_err']:.2e} vs dequantised, "
+                  f"{twin.errors['quant_rel_err']:.2e} vs unquantised {'ok' if good else 'MISMATCH'}")
+            del ref8, out8
         del ref, out
     if not ok:
-        print(f"error: kernel output differs from the fp32 reference by more than {MATCH_REL_ERR} (relative)")
+        print(f"error: kernel output differs from the fp32 reference by more than {MATCH_REL_ERR} "
+              f"(relative; fp8 against unquantised values: {FP8_MATCH_REL_ERR})")
         return 1
     print("all results match")
 
@@ -339,53 +515,82 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy bandwidth: {copy_tb_s:.3f} TB/s (read + write; eager copy_), {copy_graph_tb_s:.3f} from a CUDA graph")
 
     if args.sweep:
-        return sweep(args, names, problems, SHAPES, decode_fn, time_us, copy_tb_s, env)
+        return sweep(args, [c for c in cases.values() if c.table in ("shapes", "groups")], time_us, copy_tb_s, env)
 
-    first = names[0]
-    sdpa_names = sdpa_kernel_names(torch, sdpa(first))
+    dense_cases = [c for c in cases.values() if c.dense is not None]
+    sdpa_names = sdpa_kernel_names(torch, sdpa(dense_cases[0])) if dense_cases else []
     backend = classify_kernels(sdpa_names)
     print(f"SDPA default backend: {backend} ({', '.join(sdpa_names) or 'no kernels seen'})")
 
-    rows = []
-    print(TABLE_HEADER)
-    for name in names:
-        s, p = SHAPES[name], problems[name]
-        ns, fn = decode_fn(p, s, **knobs)
+    out_rows = {"shapes": [], "groups": [], "ragged": [], "fp8": []}
+    bf16_times = {}
+    for case in cases.values():
+        p, c = case.problem, config(case)
+        fn = decode_fn(case)
         t1, t2 = time_us(fn), time_us(fn)
-        t_sdpa = time_us(sdpa(name))
-        by_backend = {}
-        for label, be in sdpa_backends(torch).items():
-
-            def forced(be=be, f=sdpa(name)):
-                with sdpa_kernel([be]):
-                    return f()
-
-            try:
-                with warnings.catch_warnings():  # a refusing backend warns, then raises
-                    warnings.simplefilter("ignore")
-                    forced()
-            except RuntimeError:
-                continue  # this backend does not take the call (e.g. GQA or head size)
-            by_backend[label] = round(time_us(forced), 2)
+        bf16_times[case.name] = t1
         kv_bytes = p.kv_bytes()
         tb_s = kv_bytes / t1 / 1e6
-        row = {
-            "shape": name, **asdict(s), "dtype": str(p.q.dtype).removeprefix("torch."),
-            "num_splits": ns, "tile_n": knobs["tile_n"], "num_warps": knobs["num_warps"], "num_stages": knobs["num_stages"],
-            "kv_bytes": kv_bytes,
-            "floor_us": round(kv_bytes / copy_tb_s / 1e6, 2),
-            "time_us": round(t1, 2),
-            "rerun_spread": round(abs(t2 - t1) / t1, 4),
-            "tb_s": round(tb_s, 3),
-            "copy_fraction": round(tb_s / copy_tb_s, 3),
-            "sdpa_time_us": round(t_sdpa, 2),
-            "ratio_to_sdpa": round(t1 / t_sdpa, 3),
-            "sdpa_us_by_backend": by_backend,
-            "rel_err": float(f"{errors[name][0]:.3g}"),
-            "sdpa_rel_err": float(f"{errors[name][1]:.3g}"),
+        common = {
+            "tile_n": c["tile_n"], "num_warps": c["num_warps"], "num_stages": c["num_stages"],
+            "kv_bytes": kv_bytes, "floor_us": round(kv_bytes / copy_tb_s / 1e6, 2),
+            "time_us": round(t1, 2), "rerun_spread": round(abs(t2 - t1) / t1, 4),
+            "tb_s": round(tb_s, 3), "copy_fraction": round(tb_s / copy_tb_s, 3),
         }
-        rows.append(row)
-        print(format_row(row))
+        splits = plan(case)
+        s = case.spec
+        if case.table in ("shapes", "groups"):
+            t_sdpa = time_us(sdpa(case))
+            by_backend = {}
+            if case.table == "shapes":
+                for label, be in sdpa_backends(torch).items():
+
+                    def forced(be=be, f=sdpa(case)):
+                        with sdpa_kernel([be]):
+                            return f()
+
+                    try:
+                        with warnings.catch_warnings():  # a refusing backend warns, then raises
+                            warnings.simplefilter("ignore")
+                            forced()
+                    except RuntimeError:
+                        continue  # this backend does not take the call (e.g. GQA or head size)
+                    by_backend[label] = round(time_us(forced), 2)
+            row = {
+                "shape": case.name, **asdict(s), "dtype": "bfloat16", "num_splits": max(splits),
+                "tiles": -(-s.context_len // c["tile_n"]), **common,
+                "sdpa_time_us": round(t_sdpa, 2), "ratio_to_sdpa": round(t1 / t_sdpa, 3),
+                "sdpa_us_by_backend": by_backend,
+                "rel_err": float(f"{case.errors['rel_err']:.3g}"),
+                "sdpa_rel_err": float(f"{case.errors['sdpa_rel_err']:.3g}"),
+            }
+            if case.table == "groups":
+                row["group_size"] = s.q_heads // s.kv_heads
+            out_rows[case.table].append(row)
+            print(format_row(row))
+        elif case.table == "ragged":
+            row = {
+                "shape": case.name, "batch": s.batch, "q_heads": s.q_heads, "kv_heads": s.kv_heads,
+                "head_dim": s.head_dim, "block_size": s.block_size, "dtype": "bfloat16",
+                "lens": lens_summary(p.lens), "splits_total": sum(splits), "splits_max": max(splits), **common,
+                "rel_err": float(f"{case.errors['rel_err']:.3g}"),
+            }
+            out_rows["ragged"].append(row)
+            print(format_ragged_row(row))
+        else:
+            base = bf16_times[case.of]
+            row = {
+                "shape": case.name, "of": case.of, "kind": table_of(case.of), "batch": len(p.lens),
+                "context_len": p.max_seq_len, "q_heads": s.q_heads, "kv_heads": s.kv_heads,
+                "dtype": "bfloat16", "kv_dtype": "float8_e4m3fn",
+                "k_scale": float(f"{p.k_scale.item():.4g}"), "v_scale": float(f"{p.v_scale.item():.4g}"), **common,
+                "bf16_time_us": round(base, 2), "speedup_vs_bf16": round(base / t1, 3),
+                "rel_err": float(f"{case.errors['rel_err']:.3g}"),
+                "quant_rel_err": float(f"{case.errors['quant_rel_err']:.3g}"),
+                "bf16_rel_err": float(f"{cases[case.of].errors['rel_err']:.3g}"),
+            }
+            out_rows["fp8"].append(row)
+            print(format_fp8_row(row))
 
     entry = {
         **env,
@@ -393,10 +598,16 @@ def main(argv: list[str] | None = None) -> int:
         "copy_graph_tb_s": round(copy_graph_tb_s, 3),
         "sdpa_backend": backend,
         "sdpa_kernels": sdpa_names,
+        "pdl": bool(kernel._PDL["ok"]),
         "max_memory_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
-        "table": format_table(rows),
-        "rows": rows,
+        "table": format_table(out_rows["shapes"]),
+        "rows": out_rows["shapes"],
+        "group_rows": out_rows["groups"],
+        "ragged_rows": out_rows["ragged"],
+        "fp8_rows": out_rows["fp8"],
     }
+    print()
+    print(format_all(entry))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         write_json(args.out / "paged_attention.json", {env["gpu"]: entry})
@@ -414,17 +625,35 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# The timing table as main() prints it. The same text is stored in each GPU's entry
-# ("table"), so a page can show what the command printed without anyone retyping it.
-TABLE_HEADER = (f"{'shape':<12} {'splits':>6} {'time us':>9} {'floor us':>9} {'TB/s':>6} {'of copy':>8} "
+# The timing tables as main() prints them. The shapes table's text is stored in each GPU's
+# entry ("table"), so a page can show what the command printed without anyone retyping it.
+TABLE_HEADER = (f"{'shape':<16} {'splits':>6} {'time us':>9} {'floor us':>9} {'TB/s':>6} {'of copy':>8} "
                 f"{'SDPA us':>8} {'vs SDPA':>8} {'spread':>7}")
+RAGGED_HEADER = (f"{'ragged':<18} {'B':>4} {'tokens':>8} {'max':>7} {'splits':>6} {'time us':>9} "
+                 f"{'floor us':>9} {'TB/s':>6} {'of copy':>8} {'spread':>7}")
+FP8_HEADER = (f"{'fp8':<22} {'time us':>9} {'TB/s':>6} {'of copy':>8} {'bf16 us':>9} {'speedup':>8} "
+              f"{'err deq':>8} {'err fp32':>8} {'bf16 err':>8}")
 
 
 def format_row(row: dict) -> str:
-    """One line of the timing table, from a row of the JSON entry (torch-free)."""
-    return (f"{row['shape']:<12} {row['num_splits']:>6} {row['time_us']:>9.1f} {row['floor_us']:>9.1f} "
+    """One line of the shapes or groups table, from a row of the JSON entry (torch-free)."""
+    forced = f"   SDPA forced: {row['sdpa_us_by_backend']}" if row.get("sdpa_us_by_backend") else ""
+    return (f"{row['shape']:<16} {row['num_splits']:>6} {row['time_us']:>9.1f} {row['floor_us']:>9.1f} "
             f"{row['tb_s']:>6.2f} {row['copy_fraction']:>8.3f} {row['sdpa_time_us']:>8.1f} "
-            f"{row['ratio_to_sdpa']:>8.3f} {row['rerun_spread']:>7.3f}   SDPA forced: {row['sdpa_us_by_backend']}")
+            f"{row['ratio_to_sdpa']:>8.3f} {row['rerun_spread']:>7.3f}{forced}")
+
+
+def format_ragged_row(row: dict) -> str:
+    lens = row["lens"]
+    return (f"{row['shape']:<18} {row['batch']:>4} {lens['total']:>8} {lens['max']:>7} {row['splits_total']:>6} "
+            f"{row['time_us']:>9.1f} {row['floor_us']:>9.1f} {row['tb_s']:>6.2f} {row['copy_fraction']:>8.3f} "
+            f"{row['rerun_spread']:>7.3f}")
+
+
+def format_fp8_row(row: dict) -> str:
+    return (f"{row['shape']:<22} {row['time_us']:>9.1f} {row['tb_s']:>6.2f} {row['copy_fraction']:>8.3f} "
+            f"{row['bf16_time_us']:>9.1f} {row['speedup_vs_bf16']:>8.3f} {row['rel_err']:>8.2e} "
+            f"{row['quant_rel_err']:>8.2e} {row['bf16_rel_err']:>8.2e}")
 
 
 def format_table(rows: list[dict]) -> str:
@@ -432,14 +661,36 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join([TABLE_HEADER, *(format_row(r) for r in rows)])
 
 
+def format_all(entry: dict) -> str:
+    """Every table of one entry, as the end of the benchmark's output prints them."""
+    parts = [format_table(entry["rows"])] if entry.get("rows") else []
+    if entry.get("group_rows"):
+        parts.append(format_table(entry["group_rows"]))
+    if entry.get("ragged_rows"):
+        parts.append("\n".join([RAGGED_HEADER, *(format_ragged_row(r) for r in entry["ragged_rows"])]))
+    if entry.get("fp8_rows"):
+        parts.append("\n".join([FP8_HEADER, *(format_fp8_row(r) for r in entry["fp8_rows"])]))
+    return "\n\n".join(parts)
+
+
+# Where each table's rows sit in a run's entry.
+ENTRY_TABLES = {"shapes": "rows", "groups": "group_rows", "ragged": "ragged_rows", "fp8": "fp8_rows"}
+
+
+def table_rows(rows: list[dict], table: str) -> list[dict]:
+    """The recorded rows of one table; rows recorded before the tables existed are shapes."""
+    return [r for r in rows if r.get("table", "shapes") == table]
+
+
 def record(entry: dict, path: Path | None = None):
     """Merge one run's entry (as --out writes it) into the recorded file; returns what was kept and replaced."""
     from labs import recorded
 
-    run = {k: v for k, v in entry.items() if k not in ("gpu", "rows", "table")}
-    return recorded.record_rows(path or RESULTS_PATH, "paged_attention", recorded.Machine(entry["gpu"]),
-                                [{**r, "ok": True} for r in entry["rows"]], ["shape"], run,
-                                derive=lambda rows: {"table": format_table(rows)})
+    run = {k: v for k, v in entry.items() if k not in ("gpu", "table", *ENTRY_TABLES.values())}
+    rows = [{**r, "table": table, "ok": True} for table, key in ENTRY_TABLES.items() for r in entry.get(key, [])]
+    return recorded.record_rows(
+        path or RESULTS_PATH, "paged_attention", recorded.Machine(entry["gpu"]), rows, ["shape"], run,
+        derive=lambda merged: {"table": format_all({key: table_rows(merged, t) for t, key in ENTRY_TABLES.items()})})
 
 
 def write_json(path: Path, gpus: dict) -> None:
@@ -473,14 +724,14 @@ def resource_report(kernel_module) -> list[dict]:
     return report
 
 
-def sweep(args, names, problems, shapes, decode_fn, time_us, copy_tb_s, env) -> int:
-    """Time every (tile_n, warps, stages) config at every useful split count, per shape."""
+def sweep(args, cases, time_us, copy_tb_s, env) -> int:
+    """Time every (tile_n, warps, stages) config at every useful split count, per equal-length case."""
     from labs.paged_attention import kernel
 
     results = []
     for tile_n, num_warps, num_stages in SWEEP_CONFIGS:
-        for name in names:
-            s, p = shapes[name], problems[name]
+        for case in cases:
+            s, p = case.spec, case.problem
             pairs = s.batch * s.kv_heads
             tiles = -(-s.context_len // tile_n)
             line = []
@@ -493,23 +744,23 @@ def sweep(args, names, problems, shapes, decode_fn, time_us, copy_tb_s, env) -> 
                 try:
                     t = time_us(fn)
                 except Exception as e:  # e.g. out of shared memory for a large tile and deep pipeline
-                    print(f"  {name} tile {tile_n} w{num_warps} s{num_stages} splits {ns}: failed ({type(e).__name__})")
+                    print(f"  {case.name} tile {tile_n} w{num_warps} s{num_stages} splits {ns}: failed ({type(e).__name__})")
                     break
                 frac = p.kv_bytes() / t / 1e6 / copy_tb_s
-                results.append({"shape": name, "tile_n": tile_n, "num_warps": num_warps, "num_stages": num_stages,
+                results.append({"shape": case.name, "tile_n": tile_n, "num_warps": num_warps, "num_stages": num_stages,
                                 "num_splits": ns, "programs": pairs * ns, "time_us": round(t, 2),
                                 "copy_fraction": round(frac, 3)})
                 line.append(f"{ns}:{t:.1f}")
-            print(f"  tile {tile_n:>3} w{num_warps} s{num_stages} {name:<12} " + " ".join(line))
+            print(f"  tile {tile_n:>3} w{num_warps} s{num_stages} {case.name:<16} " + " ".join(line))
     resources = resource_report(kernel)
     for r in resources:
         print(f"  resources: {r}")
-    print("best per shape:")
-    for name in names:
-        rows = [r for r in results if r["shape"] == name]
+    print("best per case:")
+    for case in cases:
+        rows = [r for r in results if r["shape"] == case.name]
         if rows:
             best = min(rows, key=lambda r: r["time_us"])
-            print(f"  {name:<12} {best}")
+            print(f"  {case.name:<16} {best}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "sweep.json").write_text(json.dumps(

@@ -41,6 +41,19 @@ so token slot `s = block_id * block_size + offset` is row `s` of the flat view
 
 Bytes per block for a whole model: 2 * num_layers * block_size * num_kv_heads * head_dim
 * itemsize (`PagedKVCache.bytes_per_block`).
+
+FP8. A pool of dtype float8_e4m3fn (vLLM's `--kv-cache-dtype fp8` on NVIDIA GPUs) holds
+value / scale, with one fp32 scale per layer for K and one for V. vLLM 0.33 keeps them
+as the attention layer's `_k_scale` and `_v_scale` buffers, 1.0 unless the checkpoint
+supplies scales (`set_default_quant_scales` in
+`vllm/model_executor/layers/attention/attention.py`,
+`BaseKVCacheMethod.process_weights_after_loading` in
+`vllm/model_executor/layers/quantization/kv_cache.py`); its Triton cache writer divides by
+the scale and lets the store round to fp8 (`vllm/v1/attention/ops/triton_reshape_and_cache_flash.py`).
+0.33 has no `calculate_kv_scales` path: the name survives only in a comment. Here
+`fp8_scale` gives the calibrated scale amax / 448 (448 is e4m3's largest finite value),
+and `write` clamps to +-448 before the cast, so an outlier saturates instead of
+becoming NaN (e4m3fn has no infinity).
 """
 
 from __future__ import annotations
@@ -59,6 +72,8 @@ if TYPE_CHECKING:  # torch is imported only where a tensor is made; see PagedKVC
 SUPPORTED_BLOCK_SIZES = (1, 8, 16, 32)
 DEFAULT_BLOCK_SIZE = vllm_facts.resolved_default("block_size")  # 16, from labs/data/vllm.yaml
 NULL_BLOCK = 0
+# Largest finite float8 e4m3fn value: stored values are clamped to +-FP8_MAX.
+FP8_MAX = 448.0
 
 
 class OutOfBlocksError(RuntimeError):
@@ -240,6 +255,25 @@ class PagedKVCache:
         self.dtype = dtype
         self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        # Per-layer fp32 scales, on the device like vLLM's layer._k_scale / _v_scale: the
+        # kernel reads them there, so a captured graph sees new values. 1.0 = not calibrated.
+        self.k_scale = [torch.ones((), dtype=torch.float32, device=device) for _ in range(num_layers)]
+        self.v_scale = [torch.ones((), dtype=torch.float32, device=device) for _ in range(num_layers)]
+
+    @property
+    def is_fp8(self) -> bool:
+        import torch
+
+        return self.dtype == torch.float8_e4m3fn
+
+    def set_scales(self, layer: int, k_scale: float, v_scale: float) -> None:
+        """Set one layer's scales (real value = stored value * scale), before writing to it."""
+        if not self.is_fp8:
+            raise ValueError(f"scales apply only to an fp8 cache; this one is {self.dtype}")
+        if not (k_scale > 0 and v_scale > 0):
+            raise ValueError(f"scales must be > 0, got k_scale={k_scale}, v_scale={v_scale}")
+        self.k_scale[layer].fill_(k_scale)
+        self.v_scale[layer].fill_(v_scale)
 
     @property
     def bytes_per_block(self) -> int:
@@ -260,6 +294,15 @@ class PagedKVCache:
         expected = (slots.numel(), self.num_kv_heads, self.head_dim)
         if tuple(k.shape) != expected or tuple(v.shape) != expected:
             raise ValueError(f"k and v must be {expected} for {slots.numel()} slots, got {tuple(k.shape)}, {tuple(v.shape)}")
+        if self.is_fp8:  # quantise on write: divide by the scale, saturate, round to e4m3
+            k = (k.float() / self.k_scale[layer]).clamp(-FP8_MAX, FP8_MAX)
+            v = (v.float() / self.v_scale[layer]).clamp(-FP8_MAX, FP8_MAX)
         # The flat view is a view, not a copy: indexing by slot writes into the pool.
         kc.view(-1, self.num_kv_heads, self.head_dim)[slots] = k.to(kc.dtype)
         vc.view(-1, self.num_kv_heads, self.head_dim)[slots] = v.to(vc.dtype)
+
+
+def fp8_scale(x: torch.Tensor) -> float:
+    """The per-tensor scale that maps x's largest magnitude to FP8_MAX (a calibrated scale)."""
+    amax = float(x.abs().max())
+    return amax / FP8_MAX if amax > 0 else 1.0

@@ -7,6 +7,8 @@ Maths. For sequence b and query head h, with n = seq_lens[b] cached tokens,
 where K_b, V_b (n, head_dim) are gathered from the paged pool through block_tables[b]
 (see `cache.py` for the layout). Shapes: q, out (B, Hq, d); k_cache, v_cache
 (num_blocks, BLOCK_SIZE, Hkv, d); block_tables (B, max_blocks) int32; seq_lens (B,) int32.
+The cache is bf16/fp16/fp32 like q, or float8 e4m3 with one fp32 scale per tensor for K
+and one for V (stored value = real value / scale, as vLLM 0.33 stores an fp8 cache).
 
 Designs this follows (the code is written for this lab, not adapted):
 
@@ -18,11 +20,20 @@ Designs this follows (the code is written for this lab, not adapted):
 * Flash-Decoding, Dao, Haziza, Massa and Sizov, 2023-10-12,
   https://crfm.stanford.edu/2023/10/12/flashdecoding.html: split each sequence's keys
   into chunks that run as separate programs, each writing a partial output and its
-  log-sum-exp, then combine them in a second kernel. A batch of 1 with 8 KV heads is
-  8 programs on a 132-SM H200 without it.
+  log-sum-exp, then combine them in a second kernel.
 * GQA heads as the rows of one matrix product, so a program reads a KV head once for all
   the query heads that share it, as vLLM's grouped Triton decode kernel does
   (`_fwd_grouped_kernel_stage1`, https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/attention/ops/triton_decode_attention.py).
+
+Ragged batches. A serving batch mixes 60-token and 60,000-token sequences. Splitting
+every sequence the same number of ways (what the first version did, sized for the
+longest) leaves the long sequences' few programs running alone at the end. Here each
+sequence gets a split count proportional to its length, computed inside the kernels from
+seq_lens (`_split_plan`): n_b = ceil(len_b * target / sum(lens)), at least 1, at most
+one per tile. Every split then holds about sum(lens) / target tokens whatever its
+sequence, and the sum of the n_b is at most target + B, so the grid size is known on the
+host without reading seq_lens: the launcher never synchronises and can be captured in a
+CUDA graph, and a replay with new lengths gets a new plan.
 
 Caution:
 
@@ -32,10 +43,8 @@ Caution:
 * Whether the gathered K/V loads are software-pipelined (cp.async) depends on Triton's
   pipeliner for the version in use; the tuning numbers below were measured with Triton
   3.6 on one H200 and may not carry to other versions or GPUs.
-* The split count comes from a heuristic (`choose_num_splits`) that assumes every
-  program does the same work. With very ragged batches the long sequences' programs
-  dominate and the wave arithmetic is only approximate. RESIDENT_PROGRAMS was read off
-  ncu for the default configuration; another tile size or GPU needs its own value.
+* RESIDENT_PROGRAMS was read off ncu for the default configuration; another tile size or
+  GPU needs its own value.
 """
 
 from __future__ import annotations
@@ -50,6 +59,42 @@ import triton.language as tl
 
 from labs.paged_attention.cache import SUPPORTED_BLOCK_SIZES
 
+# The fp8 cache format vLLM calls 'fp8' / 'fp8_e4m3' on NVIDIA GPUs.
+FP8_DTYPE = torch.float8_e4m3fn
+
+try:  # programmatic dependent launch (Hopper and later): lets the reduction start early
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: the flag below stays off
+    gdc_launch_dependents = gdc_wait = None
+
+
+# --8<-- [start:plan]
+@triton.jit
+def _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B_PAD: tl.constexpr,
+                TILE_N: tl.constexpr):
+    """Every sequence's split count and where its splits end in the work list.
+
+    Both kernels call this with the same arguments, so they agree on the plan without
+    storing it. target_uniform applies when all lengths are equal (the host's wave
+    arithmetic is exact then), target_ragged otherwise.
+    """
+    offs_b = tl.arange(0, B_PAD)
+    in_batch = offs_b < batch
+    lens = tl.load(seq_lens_ptr + offs_b, mask=in_batch, other=0)
+    # int32 sums: the launcher checks that batch x table capacity stays under 2**31.
+    total = tl.maximum(tl.sum(lens, axis=0), 1).to(tl.int64)
+    uniform = tl.max(lens, axis=0) == tl.min(tl.where(in_batch, lens, 2147483647), axis=0)
+    target = tl.where(uniform, target_uniform, target_ragged).to(tl.int64)
+    tiles = tl.cdiv(lens, TILE_N)
+    # Proportional to length; never more splits than tiles or split_cap, never fewer than
+    # one (a length-0 sequence gets one empty split that writes zeros).
+    n = tl.cdiv(lens.to(tl.int64) * target, total)
+    n = tl.maximum(tl.minimum(tl.minimum(n, tiles.to(tl.int64)), split_cap), 1).to(tl.int32)
+    n = tl.where(in_batch, n, 0)
+    ends = tl.cumsum(n, axis=0)  # split `ends[b] - n[b]` is sequence b's first
+    return offs_b, lens, tiles, n, ends
+# --8<-- [end:plan]
+
 
 # --8<-- [start:kernel]
 @triton.jit
@@ -59,13 +104,18 @@ def paged_decode_kernel(
     k_cache_ptr,  # (num_blocks, BLOCK_SIZE, Hkv, d)
     v_cache_ptr,  # same shape and strides as k_cache
     block_tables_ptr,  # (B, max_blocks) int32; padding entries are 0, the null block
-    seq_lens_ptr,  # (B,) int32, each >= 1
-    out_ptr,  # (B, Hq, d), written when SPLIT is False
-    part_out_ptr,  # (B, Hq, num_splits, D_PAD) fp32, written when SPLIT is True
-    part_lse_ptr,  # (B, Hq, num_splits) fp32, log2-sum-exp of each split's scores
+    seq_lens_ptr,  # (B,) int32
+    k_scale_ptr,  # () fp32, read when FP8: real K = stored K * k_scale
+    v_scale_ptr,  # () fp32, read when FP8
+    out_ptr,  # (B, Hq, d): written here for sequences with one split
+    part_out_ptr,  # (max_items, Hq, D_PAD) fp32, one row per split of a split sequence
+    part_lse_ptr,  # (max_items, Hq) fp32, log2-sum-exp of each split's scores
     # Sizes
+    batch,
     group_size,  # query heads per KV head
-    num_splits,  # programs per (sequence, KV head) along the keys
+    target_uniform,  # splits wanted in all, when all lengths are equal
+    target_ragged,  # ... and otherwise
+    split_cap,  # most splits any one sequence gets
     qk_scale,  # softmax scale * log2(e), so exp2 gives the softmax's exp
     # Strides: elements between neighbours along that axis (the last axis is contiguous)
     stride_qb,
@@ -81,22 +131,41 @@ def paged_decode_kernel(
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,  # HEAD_DIM rounded up to a power of 2 (tl.arange needs one)
     G_PAD: tl.constexpr,  # group_size rounded up to a power of 2, at least 16 (tl.dot's minimum)
+    B_PAD: tl.constexpr,  # batch rounded up to a power of 2, for the split plan
     TILE_N: tl.constexpr,  # tokens per loop step, TILE_N // BLOCK_SIZE blocks when BLOCK_SIZE < TILE_N
-    SPLIT: tl.constexpr,  # write partial results for the reduction kernel
+    SPLIT: tl.constexpr,  # False: one program per (sequence, KV head), no plan, no partials
+    FP8: tl.constexpr,  # the cache holds float8 e4m3 with per-tensor scales
+    USE_GDC: tl.constexpr,  # let the reduction kernel launch while the last wave runs
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, so no tf32 rounding
 ):
-    seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    num_q_heads = tl.num_programs(1) * group_size
+    # KV head on axis 0, so the GPU hands out every head's first splits before any
+    # item past the plan's end: the grid's empty tail runs last.
+    kv_head = tl.program_id(0)
+    item = tl.program_id(1)
+    num_q_heads = tl.num_programs(0) * group_size
+    if USE_GDC:
+        gdc_launch_dependents()
 
-    seq_len = tl.load(seq_lens_ptr + seq)
-    # Each split gets a whole number of tiles, so no tile straddles two splits. With more
-    # splits than tiles the last splits are empty (start >= end); they still write their
-    # (zero output, -inf lse) pair so the reduction never reads an unwritten slot.
-    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), TILE_N) * TILE_N
-    start = split * per_split
-    end = tl.minimum(start + per_split, seq_len)
+    if SPLIT:
+        offs_b, lens, tiles, n, ends = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B_PAD, TILE_N)
+        seq = tl.sum((ends <= item).to(tl.int32), axis=0)  # the sequence whose splits hold `item`
+        if seq >= batch:
+            return  # the grid is sized for the worst case; this item has no work
+        pick = offs_b == seq
+        seq_len = tl.sum(tl.where(pick, lens, 0), axis=0)
+        n_seq = tl.sum(tl.where(pick, n, 0), axis=0)
+        n_tiles = tl.sum(tl.where(pick, tiles, 0), axis=0)
+        split = item - (tl.sum(tl.where(pick, ends, 0), axis=0) - n_seq)
+        # Whole tiles per split, spread evenly: splits differ by at most one tile.
+        start = (split * n_tiles // n_seq) * TILE_N
+        end = tl.minimum(((split + 1) * n_tiles // n_seq) * TILE_N, seq_len)
+        direct = n_seq == 1
+    else:
+        seq = item
+        seq_len = tl.load(seq_lens_ptr + seq)
+        start = 0
+        end = seq_len
+        direct = True
 
     offs_g = tl.arange(0, G_PAD)
     offs_d = tl.arange(0, D_PAD)
@@ -113,6 +182,13 @@ def paged_decode_kernel(
         mask=g_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
+    if FP8:
+        # The K scale multiplies every score: fold it into the softmax scale once.
+        qk_scale = qk_scale * tl.load(k_scale_ptr)
+        # The products run in fp16: e4m3 -> fp16 is one instruction per pair (bf16
+        # would need a second conversion per element), and q in fp16 keeps more
+        # mantissa than bf16 for any |q| < 65504.
+        q = q.to(tl.float16)
 
     m_i = tl.full([G_PAD], float("-inf"), dtype=tl.float32)  # running max of scores (log2 units)
     l_i = tl.zeros([G_PAD], dtype=tl.float32)  # running sum of exp2(score - m_i)
@@ -136,6 +212,11 @@ def paged_decode_kernel(
         kv_ptrs = row_off[:, None] + offs_d[None, :]  # (TILE_N, D_PAD), contiguous along d
         k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+        if FP8:
+            # Every e4m3 value is exact in fp16 (3 mantissa bits, exponents -9..8): this
+            # cast rounds nothing. The scales are applied in fp32.
+            k = k.to(q.dtype)
+            v = v.to(q.dtype)
 
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (G_PAD, TILE_N) fp32
         # Masked tokens must get zero weight: -inf makes exp2 return exactly 0.
@@ -148,23 +229,23 @@ def paged_decode_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
+    # l_i = 0 only for a length-0 sequence: store 0, and lse = -inf, not 0/0 = NaN.
+    has_keys = l_i > 0
+    safe_l = tl.where(has_keys, l_i, 1.0)
+    if FP8:
+        safe_l = safe_l / tl.load(v_scale_ptr)  # out = v_scale * acc / l
     store_mask = g_mask[:, None] & d_mask[None, :]
-    if SPLIT:
-        # An empty split has l_i = 0: store 0 and lse = -inf instead of 0/0 = NaN.
-        has_keys = l_i > 0
-        safe_l = tl.where(has_keys, l_i, 1.0)
-        part = acc / safe_l[:, None]
-        lse = tl.where(has_keys, m_i + tl.log2(safe_l), float("-inf"))
-        row = (seq * num_q_heads + q_heads) * num_splits + split  # (G_PAD,)
-        tl.store(part_out_ptr + row[:, None] * D_PAD + offs_d[None, :], part, mask=store_mask)
-        tl.store(part_lse_ptr + row, lse, mask=g_mask)
-    else:
-        out = acc / l_i[:, None]  # l_i >= 1: the max score contributes exp2(0) = 1
+    if direct:
         tl.store(
             out_ptr + seq * stride_ob + q_heads[:, None] * stride_oh + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
+            (acc / safe_l[:, None]).to(out_ptr.dtype.element_ty),
             mask=store_mask,
         )
+    else:
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        row = item * num_q_heads + q_heads  # (G_PAD,)
+        tl.store(part_out_ptr + row[:, None] * D_PAD + offs_d[None, :], acc / safe_l[:, None], mask=store_mask)
+        tl.store(part_lse_ptr + row, lse, mask=g_mask)
 # --8<-- [end:kernel]
 
 
@@ -172,42 +253,73 @@ def paged_decode_kernel(
 @triton.jit
 def split_reduce_kernel(
     # Pointers
-    part_out_ptr,  # (B, Hq, num_splits, D_PAD) fp32
-    part_lse_ptr,  # (B, Hq, num_splits) fp32
+    part_out_ptr,  # (max_items, Hq, D_PAD) fp32
+    part_lse_ptr,  # (max_items, Hq) fp32
     out_ptr,  # (B, Hq, d)
+    seq_lens_ptr,  # (B,) int32, to rebuild the decode kernel's plan
     # Sizes
-    num_splits,
+    batch,
+    target_uniform,
+    target_ragged,
+    split_cap,
     # Strides of out (the last axis is contiguous)
     stride_ob,
     stride_oh,
     # Meta-parameters
     HEAD_DIM: tl.constexpr,
     D_PAD: tl.constexpr,
-    S_PAD: tl.constexpr,  # num_splits rounded up to a power of 2
+    B_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    S_CHUNK: tl.constexpr,  # splits combined per loop step
+    USE_GDC: tl.constexpr,
 ):
-    """out = sum_s w_s * part_s / sum_s w_s, with w_s = exp2(lse_s - max_s lse_s)."""
+    """out = sum_s w_s * part_s / sum_s w_s, with w_s = exp2(lse_s - max_s lse_s).
+
+    One program per (sequence, query head). Sequences with one split were written by the
+    decode kernel and are skipped. The splits are combined S_CHUNK at a time with a
+    running maximum, so any number of splits fits in registers.
+    """
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    row = seq * tl.num_programs(1) + head
+    num_heads = tl.num_programs(1)
+    offs_b, lens, tiles, n, ends = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B_PAD, TILE_N)
+    pick = offs_b == seq
+    n_seq = tl.sum(tl.where(pick, n, 0), axis=0)
+    if n_seq == 1:
+        return
+    first = tl.sum(tl.where(pick, ends, 0), axis=0) - n_seq
+    if USE_GDC:
+        gdc_wait()  # the decode kernel's partials are complete and visible after this
 
-    offs_s = tl.arange(0, S_PAD)
+    offs_s = tl.arange(0, S_CHUNK)
     offs_d = tl.arange(0, D_PAD)
-    # Padding splits (past num_splits) read as -inf, the same as empty splits.
-    lse = tl.load(part_lse_ptr + row * num_splits + offs_s, mask=offs_s < num_splits, other=float("-inf"))
-    has_keys = lse > float("-inf")
-    lse_max = tl.max(lse, axis=0)  # finite: seq_len >= 1, so split 0 has keys
-    # Empty splits weigh exactly 0, and their partial outputs are not even loaded, so no
-    # NaN (0 * NaN) can reach the sum.
-    w = tl.where(has_keys, tl.exp2(lse - lse_max), 0.0)
-    part = tl.load(
-        part_out_ptr + (row * num_splits + offs_s[:, None]) * D_PAD + offs_d[None, :],
-        mask=has_keys[:, None] & (offs_d[None, :] < HEAD_DIM),
-        other=0.0,
-    )
-    out = tl.sum(w[:, None] * part, axis=0) / tl.sum(w, axis=0)
+    m = tl.full([1], float("-inf"), dtype=tl.float32)
+    w_sum = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([D_PAD], dtype=tl.float32)
+    for s0 in range(0, n_seq, S_CHUNK):
+        valid = s0 + offs_s < n_seq
+        rows = (first + s0 + offs_s) * num_heads + head
+        # Both loads are issued at once: the partials' mask does not wait for the lse.
+        lse = tl.load(part_lse_ptr + rows, mask=valid, other=float("-inf"))
+        part = tl.load(
+            part_out_ptr + rows[:, None] * D_PAD + offs_d[None, :],
+            mask=valid[:, None] & (offs_d[None, :] < HEAD_DIM),
+            other=0.0,
+        )
+        has_keys = lse > float("-inf")
+        m_new = tl.maximum(m, tl.max(lse, axis=0))
+        # A split with no keys (lse = -inf) weighs exactly 0, and its partial is replaced,
+        # not multiplied, so no NaN (0 * NaN) can reach the sum. m_new is finite: every
+        # split the plan makes holds at least one token.
+        w = tl.where(has_keys, tl.exp2(lse - m_new), 0.0)
+        part = tl.where(has_keys[:, None], part, 0.0)
+        alpha = tl.exp2(m - m_new)
+        acc = acc * alpha + tl.sum(w[:, None] * part, axis=0)
+        w_sum = w_sum * alpha + tl.sum(w, axis=0)
+        m = m_new
     tl.store(
         out_ptr + seq * stride_ob + head * stride_oh + offs_d,
-        out.to(out_ptr.dtype.element_ty),
+        (acc / w_sum).to(out_ptr.dtype.element_ty),
         mask=offs_d < HEAD_DIM,
     )
 # --8<-- [end:reduce]
@@ -225,16 +337,50 @@ DEFAULT_NUM_WARPS = 4
 # At 2 stages (best split count each) the same tile ran 5% slower on 2 of the 6 shapes
 # (267.6 vs 254.3 us at B=128, 516.9 vs 490.3 us without GQA) and within 1% on the rest.
 DEFAULT_NUM_STAGES = 3
+# fp8: the same tile of 64 tokens (8 KiB per K or V tile); with the register cap below it
+# fits 4 programs per SM, where tile 128 spills (NOTES.md, v3).
+FP8_TILE_N = 64
+FP8_NUM_WARPS = 4
+FP8_NUM_STAGES = 3
 # Programs of the default configuration that fit on one SM at once: 106-122 registers x
 # 128 threads and 40 KB of shared memory each cap it at 4 (ncu: "Block Limit Registers"
 # 4, "Block Limit Shared Mem" 4). 132 SMs x 4 = 528 slots.
 RESIDENT_PROGRAMS = 4
-# Every program of one shape does the same work, so time goes in whole waves of `slots`
-# programs: 768 programs (1.45 waves) took 153.6 us where 512 (0.97 waves) took 138.0
-# at (B, L) = (32, 4096). Split until the last wave is at least this full.
+# When every sequence has the same length, every split does the same work and time goes in
+# whole waves of `slots` programs: 768 programs (1.45 waves) took 153.6 us where 512 (0.97
+# waves) took 138.0 at (B, L) = (32, 4096). Split until the last wave is at least this full.
 MIN_WAVE_FILL = 0.9
-# Upper bound on splits: the reduction loads all of one head's splits at once.
+# When lengths differ, splits differ in size and the GPU's scheduler hands each free slot
+# the next program: the finish time is about (work / slots) + (largest split). Aiming for
+# this many waves keeps the largest split at a fraction of one slot's share (NOTES.md, v3).
+RAGGED_WAVES = 4
+# Upper bound on the forced split count per sequence (num_splits=...).
 MAX_SPLITS = 128
+# Most splits the plan gives one sequence unless forced: a 128K-token sequence among short
+# ones would get 212 at RAGGED_WAVES = 4, and its reduction then reads them in 7 serial
+# steps after everything else has finished; 64 splits of 2,048 tokens still fill the
+# GPU with the short sequences beside them (NOTES.md, v3).
+SPLIT_CAP = 64
+# The split plan holds one lane per sequence in every program.
+MAX_BATCH = 4096
+# Splits the reduction combines per loop step: SPLIT_CAP, so an unforced plan takes one
+# step. At 32, the 60 splits of a B = 1 batch took two dependent steps (NOTES.md, v3).
+REDUCE_CHUNK = 64
+# Registers per thread for the decode kernel: 128 x 128 threads x 4 programs = the SM's
+# 65,536, so RESIDENT_PROGRAMS holds. Left to itself, Triton 3.6 gave the split variant
+# 124-155 registers (3 programs per SM) and the fp8 one 199 (2 per SM); at 128 the
+# compiler's report shows no spills for the default tiles (NOTES.md, v3).
+MAX_REGISTERS = 128
+# Fewest tiles per split for equal lengths: at B = 1, L = 4,096 (64 tiles), 32 splits of 2
+# tiles took 18.6 us and 60-64 splits of 1-2 tiles 21.0-22.4 (NOTES.md, v3).
+MIN_SPLIT_TILES = 2
+# Don't split when the unsplit programs already fill this much of one wave: at (96, 1024,
+# 28 heads, 4 KV heads), 384 programs (0.73 of a wave) took 63.2 us unsplit and 82.2 us
+# split 4 ways to fill the wave, whose 4-tile splits cost more than the idle slots.
+NO_SPLIT_FILL = 0.5
+# Programmatic dependent launch for the reduction from this batch size up: it hid 2-9 us
+# of the reduction's launch at B >= 16 and cost 2-3 us at B = 1 (NOTES.md, v3).
+PDL_MIN_BATCH = 8
 
 
 @functools.lru_cache(maxsize=None)
@@ -258,11 +404,15 @@ def choose_num_splits(
 ) -> int:
     """Fewest splits per (sequence, KV head) whose programs fill their last wave >= MIN_WAVE_FILL.
 
-    A split gets at least one tile, so short sequences are never split into empty work.
+    For a batch of equal lengths. A split gets at least one tile, so short sequences are
+    never split into empty work; a batch that already fills NO_SPLIT_FILL of a wave is
+    not split at all.
     """
     pairs = batch * num_kv_heads
     slots = programs_per_sm * num_sms
-    at_most = max(1, min(-(-max_seq_len // tile_n), MAX_SPLITS))
+    if pairs >= NO_SPLIT_FILL * slots:
+        return 1
+    at_most = max(1, min(-(-max_seq_len // tile_n) // MIN_SPLIT_TILES, MAX_SPLITS))
     best = 1
     for splits in range(1, at_most + 1):
         fill = wave_fill(pairs * splits, slots)
@@ -271,11 +421,63 @@ def choose_num_splits(
         if fill > wave_fill(pairs * best, slots):
             best = splits
     return best
+
+
+def split_targets(
+    batch: int,
+    num_kv_heads: int,
+    num_sms: int,
+    max_seq_len: int | None = None,
+    tile_n: int = DEFAULT_TILE_N,
+    programs_per_sm: int = RESIDENT_PROGRAMS,
+    ragged_waves: float = RAGGED_WAVES,
+) -> tuple[int, int]:
+    """(target_uniform, target_ragged): splits wanted in all, per KV head, for the plan.
+
+    Uniform: the wave heuristic's per-sequence count times the batch. Ragged: enough
+    splits for `ragged_waves` waves, and never fewer than the uniform target. Neither
+    needs the lengths, so the host computes both without reading the GPU.
+    """
+    longest = MAX_SPLITS * tile_n if max_seq_len is None else max_seq_len
+    uniform = batch * choose_num_splits(batch, num_kv_heads, longest, num_sms, tile_n, programs_per_sm)
+    if batch == 1:  # one sequence is always uniform: no grid tail for a ragged plan
+        return uniform, uniform
+    ragged = max(uniform, math.ceil(ragged_waves * programs_per_sm * num_sms / num_kv_heads))
+    return uniform, ragged
+
+
+def plan_splits(lens: list[int], targets: tuple[int, int], tile_n: int, split_cap: int = SPLIT_CAP) -> list[int]:
+    """The split count per sequence that `_split_plan` computes on the GPU, in plain Python.
+
+    For reports and tests; the kernels never call it.
+    """
+    total = max(sum(lens), 1)
+    target = targets[0] if total == max(lens) * len(lens) else targets[1]
+    if max(targets) <= len(lens):
+        return [1] * len(lens)
+    return [max(min(-(-n * target // total), -(-n // tile_n), split_cap), 1) for n in lens]
 # --8<-- [end:heuristics]
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+_PDL = {"ok": None}  # None: not tried yet on this process; then True/False
+
+
+def _launch_reduce(grid, args, kwargs) -> None:
+    """Launch the reduction with programmatic dependent launch where Triton and the GPU take it."""
+    if _PDL["ok"] is not False:
+        try:
+            split_reduce_kernel[grid](*args, **kwargs, USE_GDC=True, launch_pdl=True)
+            _PDL["ok"] = True
+            return
+        except Exception:  # noqa: BLE001 - an older Triton or driver: plain launch from now on
+            if _PDL["ok"]:
+                raise
+            _PDL["ok"] = False
+    split_reduce_kernel[grid](*args, **kwargs, USE_GDC=False)
 
 
 # --8<-- [start:launcher]
@@ -287,23 +489,35 @@ def paged_decode(
     seq_lens: torch.Tensor,
     *,
     scale: float | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
-    tile_n: int = DEFAULT_TILE_N,
-    num_warps: int = DEFAULT_NUM_WARPS,
-    num_stages: int = DEFAULT_NUM_STAGES,
+    tile_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
     programs_per_sm: int = RESIDENT_PROGRAMS,
+    ragged_waves: float = RAGGED_WAVES,
 ) -> torch.Tensor:
     """Decode attention over a paged KV cache; returns (B, Hq, d) in q's dtype.
 
-    max_seq_len: the largest entry of seq_lens. Pass it when you know it (a serving
-    loop does); otherwise it is read from seq_lens, a device-to-host sync that also
-    makes the call impossible to capture in a CUDA graph.
-    num_splits: keys per (sequence, KV head) are split across this many programs. None
-    picks it from the shape and the GPU's SM count (1 under the CPU interpreter, which
-    has no SM count). 1 turns the split-K path and its reduction kernel off.
-    tile_n, num_warps, num_stages: the kernel's tuning knobs. programs_per_sm: how many
-    programs of that configuration fit on one SM at once, for the split heuristic.
+    Capturable in a CUDA graph: nothing is read back from the GPU. The split plan is
+    rebuilt inside the kernels from seq_lens at every launch, so a graph captured once
+    and replayed after seq_lens and block_tables change in place computes the new batch.
+    The grid depends only on B, the head counts and the GPU, never on the lengths.
+
+    seq_lens: int32, each >= 0 (0 gives a zero output row) and within the block table.
+    k_scale, v_scale: fp32 tensors of one element, required when the cache is float8
+    e4m3 (real value = stored value * scale, as vLLM's layer._k_scale and _v_scale).
+    They stay on the GPU, so new scales need no new capture.
+    max_seq_len: optional; when given, it is checked against the block table's capacity
+    and caps the uniform split count. It is never read from seq_lens.
+    num_splits: None picks the plan from the GPU's SM count (no split under the CPU
+    interpreter); 1 turns split-K and its reduction off; k > 1 asks for k splits per
+    sequence on average, each sequence's share proportional to its length.
+    tile_n, num_warps, num_stages: the kernel's tuning knobs (None: the defaults for the
+    cache's dtype). programs_per_sm: programs of that configuration that fit on one SM
+    at once. ragged_waves: waves of programs to aim for when lengths differ.
     """
     # (1) Checks
     if q.dim() != 3:
@@ -325,8 +539,20 @@ def paged_decode(
         raise ValueError(f"block_size {block_size} is not one of {SUPPORTED_BLOCK_SIZES}")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"q must be float16, bfloat16 or float32, got {q.dtype}")
-    if k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(f"q, k_cache and v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    fp8 = k_cache.dtype == FP8_DTYPE
+    if k_cache.dtype != v_cache.dtype or (k_cache.dtype != q.dtype and not fp8):
+        raise ValueError(
+            f"k_cache and v_cache must share q's dtype, or both be {FP8_DTYPE}; "
+            f"got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+        )
+    if fp8:
+        if q.dtype == torch.float32:
+            raise ValueError("an fp8 cache needs float16 or bfloat16 queries (the products run in 16 bits)")
+        for name, t in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if t is None or t.numel() != 1 or t.dtype != torch.float32 or t.device != q.device:
+                raise ValueError(f"an fp8 cache needs {name}: a one-element float32 tensor on {q.device}")
+    elif k_scale is not None or v_scale is not None:
+        raise ValueError(f"k_scale and v_scale apply only to an fp8 cache; this one is {k_cache.dtype}")
     if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         raise ValueError(f"block_tables and seq_lens must be int32, got {block_tables.dtype} and {seq_lens.dtype}")
     if block_tables.dim() != 2 or block_tables.shape[0] != batch or tuple(seq_lens.shape) != (batch,):
@@ -334,31 +560,42 @@ def paged_decode(
             f"block_tables must be ({batch}, max_blocks) and seq_lens ({batch},), "
             f"got {tuple(block_tables.shape)} and {tuple(seq_lens.shape)}"
         )
+    if not 1 <= batch <= MAX_BATCH:
+        raise ValueError(f"batch must be in [1, {MAX_BATCH}], got {batch}")
     devices = {t.device for t in (q, k_cache, v_cache, block_tables, seq_lens)}
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
     device = q.device
     if device.type == "cpu" and not _interpreting():
         raise ValueError("CPU tensors run only under the Triton interpreter: set TRITON_INTERPRET=1 before importing triton")
-    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or block_tables.stride(-1) != 1:
-        raise ValueError("q, k_cache and block_tables must be contiguous along their last axis")
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or block_tables.stride(-1) != 1 or seq_lens.stride(0) != 1:
+        raise ValueError("q, k_cache, block_tables and seq_lens must be contiguous along their last axis")
+    tile_n = tile_n or (FP8_TILE_N if fp8 else DEFAULT_TILE_N)
+    num_warps = num_warps or (FP8_NUM_WARPS if fp8 else DEFAULT_NUM_WARPS)
+    num_stages = num_stages or (FP8_NUM_STAGES if fp8 else DEFAULT_NUM_STAGES)
     if tile_n < 16 or tile_n & (tile_n - 1):
         raise ValueError(f"tile_n must be a power of 2 and >= 16 (tl.dot's minimum), got {tile_n}")
-    if max_seq_len is None:
-        max_seq_len = int(seq_lens.max())
-    if max_seq_len > block_tables.shape[1] * block_size:
+    if max_seq_len is not None and max_seq_len > block_tables.shape[1] * block_size:
         raise ValueError(
             f"max_seq_len {max_seq_len} exceeds the block table's capacity "
             f"({block_tables.shape[1]} blocks x {block_size} tokens)"
         )
-    if num_splits is None:
-        if device.type == "cuda":
-            num_sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-            num_splits = choose_num_splits(batch, num_kv_heads, max_seq_len, num_sms, tile_n, programs_per_sm)
-        else:
-            num_splits = 1
-    if not 1 <= num_splits <= MAX_SPLITS:
+    if batch * block_tables.shape[1] * block_size >= 2**31:
+        raise ValueError(
+            f"batch ({batch}) x block-table capacity ({block_tables.shape[1] * block_size} tokens) must stay "
+            "under 2**31: the split plan sums the lengths in int32"
+        )
+    if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+    if num_splits is None and device.type == "cuda":
+        num_sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        targets = split_targets(batch, num_kv_heads, num_sms, max_seq_len, tile_n, programs_per_sm, ragged_waves)
+    elif num_splits is None or num_splits == 1:
+        targets = (batch, batch)  # one split per sequence: the plan is skipped
+    else:
+        targets = (batch * num_splits, batch * num_splits)
+    split_cap = SPLIT_CAP if num_splits is None else MAX_SPLITS
+    split = max(targets) > batch
     if device.type == "cpu":
         from labs.paged_attention.interpreter_compat import patch_interpreter_index
 
@@ -367,21 +604,27 @@ def paged_decode(
     group_size = num_q_heads // num_kv_heads
     d_pad = triton.next_power_of_2(max(head_dim, 16))
     g_pad = max(16, triton.next_power_of_2(group_size))
+    b_pad = triton.next_power_of_2(batch)
     scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
-    split = num_splits > 1
+    use_gdc = (device.type == "cuda" and gdc_wait is not None and _PDL["ok"] is not False
+               and batch >= PDL_MIN_BATCH)
 
-    # (2) Allocates
+    # (2) Allocates: the plan gives every sequence at most one split more than its share
+    # of the target, so max(targets) + batch rows hold any plan.
     out = torch.empty_like(q)
+    items = max(targets) + batch if split else batch
     if split:
-        part_out = torch.empty(batch, num_q_heads, num_splits, d_pad, dtype=torch.float32, device=device)
-        part_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=device)
+        part_out = torch.empty(items, num_q_heads, d_pad, dtype=torch.float32, device=device)
+        part_lse = torch.empty(items, num_q_heads, dtype=torch.float32, device=device)
     else:
-        part_out = part_lse = out  # unused: the SPLIT=False branch is compiled out
+        part_out = part_lse = out  # unused: no sequence writes partials
+    scales = (k_scale, v_scale) if fp8 else (seq_lens, seq_lens)  # unused pointers when not FP8
 
     # (3) Launches
-    paged_decode_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
-        group_size, num_splits, scale * math.log2(math.e),
+    compile_options = {} if device.type == "cpu" else {"maxnreg": MAX_REGISTERS}
+    paged_decode_kernel[(num_kv_heads, items)](
+        q, k_cache, v_cache, block_tables, seq_lens, *scales, out, part_out, part_lse,
+        batch, group_size, targets[0], targets[1], split_cap, scale * math.log2(math.e),
         q.stride(0), q.stride(1),
         k_cache.stride(0),  # assumes (num_blocks, BLOCK_SIZE, H_KV, D)
         k_cache.stride(1),
@@ -392,23 +635,26 @@ def paged_decode(
         HEAD_DIM=head_dim,
         D_PAD=d_pad,
         G_PAD=g_pad,
+        B_PAD=b_pad,
         TILE_N=tile_n,
         SPLIT=split,
+        FP8=fp8,
+        USE_GDC=split and use_gdc,
         # fp32 inputs: exact products ("ieee"), not tf32's 10-bit mantissa. 16-bit inputs
         # ignore the setting.
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=num_warps,
         num_stages=num_stages,
+        **compile_options,
     )
     if split:
-        split_reduce_kernel[(batch, num_q_heads)](
-            part_out, part_lse, out,
-            num_splits,
-            out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim,
-            D_PAD=d_pad,
-            S_PAD=triton.next_power_of_2(num_splits),
-            num_warps=4,
-        )
+        args = (part_out, part_lse, out, seq_lens, batch, targets[0], targets[1], split_cap,
+                out.stride(0), out.stride(1))
+        kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n, S_CHUNK=REDUCE_CHUNK,
+                      num_warps=4, num_stages=2)
+        if use_gdc:
+            _launch_reduce((batch, num_q_heads), args, kwargs)
+        else:
+            split_reduce_kernel[(batch, num_q_heads)](*args, **kwargs, USE_GDC=False)
     return out
 # --8<-- [end:launcher]

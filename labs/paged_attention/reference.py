@@ -27,12 +27,17 @@ def paged_decode_ref(
     block_tables: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float | None = None,
+    k_scale: torch.Tensor | float | None = None,
+    v_scale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """softmax(q K^T * scale) V per sequence, in fp32; returns (batch, num_q_heads, head_dim) fp32.
 
     q: (batch, num_q_heads, head_dim); k_cache, v_cache: (num_blocks, block_size,
     num_kv_heads, head_dim); block_tables: (batch, max_blocks); seq_lens: (batch,).
-    Query head h reads KV head h // (num_q_heads // num_kv_heads).
+    Query head h reads KV head h // (num_q_heads // num_kv_heads). For an fp8 cache,
+    k_scale and v_scale dequantise first (real = stored * scale, in fp32), then the same
+    fp32 attention runs: the reference for the kernel's own error, apart from the
+    quantisation's.
     """
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
@@ -41,8 +46,15 @@ def paged_decode_ref(
     out = torch.empty(batch, num_q_heads, head_dim, dtype=torch.float32, device=q.device)
     for b in range(batch):
         n = int(seq_lens[b])
+        if n == 0:  # no keys: the kernel's convention is a zero row
+            out[b] = 0
+            continue
         k = gather_kv(k_cache, block_tables[b], n).float()  # (n, Hkv, d)
         v = gather_kv(v_cache, block_tables[b], n).float()
+        if k_scale is not None:
+            k = k * (k_scale.float() if torch.is_tensor(k_scale) else k_scale)
+        if v_scale is not None:
+            v = v * (v_scale.float() if torch.is_tensor(v_scale) else v_scale)
         # Expanding K and V per query head is fine here: this is the slow reference.
         k = k.repeat_interleave(group, dim=1)  # (n, Hq, d)
         v = v.repeat_interleave(group, dim=1)

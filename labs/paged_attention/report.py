@@ -9,6 +9,9 @@ Every macro names the GPU it shows (`gpu="H200"`: the GPU's name, or a unique
 part of it): a file may hold several machines, and a page says which one it
 quotes. A page that wants a table calls `paged_attention_results_table(gpu=...)`;
 a lesson that quotes one number calls `paged_attention_headline("b32-l4k", gpu=...)`.
+The other tables of the benchmark (`paged_attention_group_table`,
+`paged_attention_ragged_table`, `paged_attention_fp8_table`) render the rows
+recorded under their table name.
 Both say how to record results when none are recorded. `paged_attention_row` and
 `paged_attention_entry` hand a template the raw record, and raise when it is
 missing, so guard them with `paged_attention_recorded(gpu)`.
@@ -19,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from labs import recorded
-from labs.paged_attention.bench import RESULTS_PATH
+from labs.paged_attention.bench import RESULTS_PATH, table_rows
 
 RECORD_COMMAND = "python -m labs.paged_attention.bench --out out/pa --record"
 
@@ -108,30 +111,133 @@ def paged_attention_env(gpu: str) -> str:
 
 
 def paged_attention_results_table(gpu: str) -> str:
-    """The named GPU's environment, then one table row per benchmark shape."""
+    """The named GPU's environment, then one compact table row per benchmark shape, every column a click away."""
     if _nothing_recorded():
         return _not_recorded(gpu)
     m = _machine(gpu)
-    rows = m.rows
-    copies = ", ".join(f"{run['copy_tb_s']:.2f} TB/s" + (f" ({run['date']})" if len(m.runs) > 1 else "")
-                       for run in m.runs)
-    intro = ("\n\n".join(_env_line(m.label, run, bold=True) for run in m.runs)
-             + f". Copy bandwidth measured in the same run: {copies} (device-to-device `copy_`, bytes read + "
-             f"written). Times are medians of CUDA-graph replays with the L2 cleared before each; "
+    rows = table_rows(m.rows, "shapes")
+    intro = (_intro(m, rows) + f" Times are medians of CUDA-graph replays with the L2 cleared before each; "
              f"{_config(rows)}; SDPA reads the same KV stored contiguously.")
+    # The columns the text reads, narrow enough for a laptop; every column one click away.
+    compact = [
+        "| Shape | Time (µs) | Floor (µs) | Of copy | SDPA (µs) | Time ÷ SDPA |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
     lines = [
         "| Shape | (B, L, H<sub>q</sub>, H<sub>kv</sub>) | Splits | Time (µs) | Floor (µs) | KV read (MiB) "
         "| Achieved (TB/s) | Of copy | SDPA (µs) | Time ÷ SDPA | SDPA backend |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
+        compact.append(
+            f"| `{r['shape']}` | {r['time_us']:,.1f} | {r['floor_us']:,.1f} | {r['copy_fraction']:.3f} "
+            f"| {r['sdpa_time_us']:,.1f} | {r['ratio_to_sdpa']:.3f} |"
+        )
         lines.append(
             f"| `{r['shape']}` | ({r['batch']}, {r['context_len']}, {r['q_heads']}, {r['kv_heads']}) "
             f"| {r['num_splits']} | {r['time_us']:,.1f} | {r['floor_us']:,.1f} "
             f"| {r['kv_bytes'] / 2**20:,.0f} | {r['tb_s']:.2f} | {r['copy_fraction']:.3f} "
             f"| {r['sdpa_time_us']:,.1f} | {r['ratio_to_sdpa']:.3f} | {r['run']['sdpa_backend']} |"
         )
-    return intro + "\n\n" + "\n".join(lines) + "\n"
+    full = "\n".join("    " + line for line in lines)
+    return (intro + "\n\n" + "\n".join(compact) + "\n\n"
+            + f'??? info "Every column: shape, splits, KV read, achieved TB/s, SDPA backend ({len(rows)} rows)"\n\n'
+            + full + "\n")
+
+
+def _runs(rows: list[dict]) -> list[dict]:
+    out: list[dict] = []
+    for r in rows:
+        if r["run"] not in out:
+            out.append(r["run"])
+    return out
+
+
+def _intro(m: recorded.MachineResults, rows: list[dict]) -> str:
+    """The environment of the runs behind `rows`, and the copy bandwidth each measured."""
+    runs = _runs(rows)
+    copies = ", ".join(f"{run['copy_tb_s']:.2f} TB/s" + (f" ({run['date']})" if len(runs) > 1 else "")
+                       for run in runs)
+    return ("\n\n".join(_env_line(m.label, run, bold=True) for run in runs)
+            + f". Copy bandwidth measured in the same run: {copies} (device-to-device `copy_`, bytes read + written).")
+
+
+def _table_or_note(gpu: str, table: str) -> tuple[recorded.MachineResults | None, list[dict], str]:
+    """The machine and its rows of `table`, or a sentence saying they are not recorded."""
+    if _nothing_recorded():
+        return None, [], _not_recorded(gpu)
+    m = _machine(gpu)
+    rows = table_rows(m.rows, table)
+    if not rows:
+        return m, [], (f"No `{table}` rows are recorded for {m.label} yet: `{RECORD_COMMAND}` records every "
+                       f"table into `{recorded.shown_path(RESULTS_PATH)}`.\n")
+    return m, rows, ""
+
+
+def paged_attention_group_table(gpu: str) -> str:
+    """Every GQA group size on the named GPU: time against the floor and against cuDNN SDPA on the same KV."""
+    m, rows, note = _table_or_note(gpu, "groups")
+    if note:
+        return note
+    lines = [
+        "| Case | (B, L, H<sub>q</sub>, H<sub>kv</sub>) | Group | Splits | Time (µs) | Floor (µs) | Of copy "
+        "| SDPA (µs) | Time ÷ SDPA |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| `{r['shape']}` | ({r['batch']}, {r['context_len']}, {r['q_heads']}, {r['kv_heads']}) "
+            f"| {r['group_size']} | {r['num_splits']} | {r['time_us']:,.1f} | {r['floor_us']:,.1f} "
+            f"| {r['copy_fraction']:.3f} | {r['sdpa_time_us']:,.1f} | {r['ratio_to_sdpa']:.3f} |"
+        )
+    worst = max(rows, key=lambda r: r["ratio_to_sdpa"])
+    return (_intro(m, rows) + f" {_config(rows)}. Slowest against SDPA: `{worst['shape']}`, "
+            f"{worst['ratio_to_sdpa']:.3f}×.\n\n" + "\n".join(lines) + "\n")
+
+
+def paged_attention_ragged_table(gpu: str) -> str:
+    """Mixed-length batches on the named GPU: the KV actually read over the time, against the copy bandwidth."""
+    m, rows, note = _table_or_note(gpu, "ragged")
+    if note:
+        return note
+    lines = [
+        "| Case | B | Lengths: min / median / p99 / max | Tokens | Splits per KV head (largest) | Time (µs) "
+        "| Floor (µs) | Achieved (TB/s) | Of copy |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        n = r["lens"]
+        lines.append(
+            f"| `{r['shape']}` | {r['batch']} | {n['min']:,} / {n['median']:,} / {n['p99']:,} / {n['max']:,} "
+            f"| {n['total']:,} | {r['splits_total']} ({r['splits_max']}) | {r['time_us']:,.1f} "
+            f"| {r['floor_us']:,.1f} | {r['tb_s']:.2f} | {r['copy_fraction']:.3f} |"
+        )
+    return (_intro(m, rows) + f" {_config(rows)}; H<sub>q</sub>/H<sub>kv</sub> = "
+            f"{rows[0]['q_heads']}/{rows[0]['kv_heads']}. Floor = KV bytes read / copy bandwidth.\n\n"
+            + "\n".join(lines) + "\n")
+
+
+def paged_attention_fp8_table(gpu: str) -> str:
+    """The fp8 cache on the named GPU: time, bandwidth on the bytes read, speedup over bf16 and both errors."""
+    m, rows, note = _table_or_note(gpu, "fp8")
+    if note:
+        return note
+    lines = [
+        "| Case | Same data as | Time (µs) | KV read (MiB) | Achieved (TB/s) | Of copy | bf16 (µs) | Speedup "
+        "| Error vs dequantised | Error vs unquantised | bf16 error |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| `{r['shape']}` | `{r['of']}` | {r['time_us']:,.1f} | {r['kv_bytes'] / 2**20:,.0f} "
+            f"| {r['tb_s']:.2f} | {r['copy_fraction']:.3f} | {r['bf16_time_us']:,.1f} "
+            f"| {r['speedup_vs_bf16']:.2f}× | {r['rel_err']:.1e} | {r['quant_rel_err']:.1e} "
+            f"| {r['bf16_rel_err']:.1e} |"
+        )
+    return (_intro(m, rows) + f" K and V stored as float8 e4m3 with one fp32 scale each, queries bf16; "
+            f"tile {rows[0]['tile_n']} tokens, {rows[0]['num_warps']} warps, {rows[0]['num_stages']} stages. "
+            "Errors are ‖out − ref‖ / ‖ref‖ against fp32 attention on the dequantised cache (the kernel's "
+            "own) and on the values before quantisation (what e4m3 costs).\n\n" + "\n".join(lines) + "\n")
 
 
 def paged_attention_row(shape: str, gpu: str) -> dict:
@@ -167,6 +273,9 @@ MACROS = [
     paged_attention_recorded,
     paged_attention_env,
     paged_attention_results_table,
+    paged_attention_group_table,
+    paged_attention_ragged_table,
+    paged_attention_fp8_table,
     paged_attention_row,
     paged_attention_entry,
     paged_attention_headline,
