@@ -264,6 +264,10 @@ class ChatDesign:
             found.append(option)
         return sorted(found, key=lambda o: (o.gpus, o.dep.tp))
 
+    def at_tp(self, tp: int) -> "ChatDesign":
+        """The same design at another tensor-parallel size."""
+        return dataclasses.replace(self, tp=tp)
+
     def half_speed(self) -> "ChatDesign":
         """The same design if the engine reached half the floor capacity assumed (headroom halved)."""
         return dataclasses.replace(self, headroom=self.headroom / 2)

@@ -84,3 +84,9 @@ def test_assumptions_file_is_checked(tmp_path):
         D.load_assumptions(bad)
     with pytest.raises(D.DesignError, match="the worked designs are"):
         D.design("video")
+
+
+def test_chat_at_tp_matches_the_tp_options():
+    c = D.design("chat")
+    by_tp = {o.dep.tp: o for o in c.tp_options()}
+    assert c.at_tp(2).gpus == by_tp[2].gpus and c.at_tp(2).batch_by_kv == by_tp[2].batch_by_kv
