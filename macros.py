@@ -344,6 +344,23 @@ def register_cost_macros(env) -> None:
         m = _specs().get_model(model)
         return formula.blocks_per_request(m, tokens, block_size or formula.default_block_size(m))
 
+    @env.macro
+    def design(name: str):
+        """A worked system design of labs/design.py (chat, lora, rag): every figure from the cost model."""
+        from labs import design as designs
+
+        try:
+            return designs.design(name)
+        except designs.DesignError as err:
+            raise MacroError(str(err)) from None
+
+    @env.macro
+    def design_assumptions():
+        """The GPU-hour prices and network bandwidth the designs assume (labs/data/design.yaml)."""
+        from labs import design as designs
+
+        return designs.assumptions()
+
     env.macro(numbers_table)
     env.macro(gpu_numbers_table)
     env.macro(model_numbers_table)
