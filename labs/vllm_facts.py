@@ -77,7 +77,8 @@ class FactError(KeyError):
 
 @functools.lru_cache(maxsize=4)
 def _load_cached(path: str, mtime_ns: int) -> dict[str, Any]:
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    # libyaml's loader where PyYAML has it: the site build reads this large file on every build.
+    data = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     if not isinstance(data, dict) or "version" not in data:
         raise FactError(f"{path}: not a vLLM facts file (no 'version' key)")
     return data

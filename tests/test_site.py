@@ -11,6 +11,7 @@ page reachable from the navigation.
 from __future__ import annotations
 
 import html as html_lib
+import re
 import posixpath
 import sys
 from pathlib import Path
@@ -113,11 +114,14 @@ def test_links_between_questions_and_lessons_go_both_ways(bank, built):
             assert f'href="{href_back}"' in links_section, f"{lesson.path}: Interview links miss {bq.slug}"
 
 
-def test_every_lesson_ends_with_interview_links(bank, built):
+def test_every_lesson_ends_with_interview_links_then_sources(bank, built):
+    """The build's footer: Interview links, then Sources (where the lesson has any), and nothing after."""
     for lesson in bank.lessons.values():
         html = article_html(built / _page_path(lesson.src_uri))
         assert 'id="interview-links"' in html, lesson.path
-        assert html.rindex("<h2") == html.index('<h2 id="interview-links"'), f"{lesson.path}: not the last section"
+        ids = re.findall(r'<h2 id="([^"]+)"', html)
+        want = ["interview-links", "sources"] if lesson.meta.sources else ["interview-links"]
+        assert ids[-len(want):] == want, f"{lesson.path}: last sections are {ids[-3:]}, want {want}"
 
 
 def test_every_page_is_reachable_from_the_navigation(built, pages):
@@ -156,3 +160,54 @@ def test_404_page_helps(built):
     html = (built / "404.html").read_text(encoding="utf-8")
     for target in ("lessons/", "questions/"):
         assert target in html
+
+
+def _text(html_text: str) -> str:
+    return re.sub(r"\s+", " ", html_lib.unescape(re.sub(r"<[^>]+>", " ", html_text)))
+
+
+def test_module_counts_come_from_the_lessons(bank, built):
+    """Home, Lessons and 404 say how many modules have lessons, and name the planned ones."""
+    import sections
+
+    summary = sections.module_summary(bank)
+    written = [m for m in bank.modules if bank.lessons_of(m.part)]
+    assert summary.written == written
+    home = _text(article_html(built / "index.html"))
+    lessons = _text(article_html(built / "lessons/index.html"))
+    not_found = _text((built / "404.html").read_text(encoding="utf-8"))
+    for text in (home, lessons):
+        assert summary.sentence in text
+    assert summary.short in not_found
+    if summary.planned:
+        for text in (home, lessons, not_found):
+            assert "Nine modules" not in text and "nine modules," not in text
+            assert "planned" in text
+        assert sections.parts_phrase([m.part for m in summary.planned]) in summary.sentence
+
+
+def _cards(html_text: str) -> list[tuple[str, str]]:
+    """(href, text) of every card of a section index."""
+    block = html_text[html_text.index('class="grid cards section-cards"'):]
+    block = block[:block.index("</ul>")]
+    return [(m.group(1), _text(m.group(0))) for m in re.finditer(r'<li>\s*<p><a href="([^"]+)">.*?</li>', block, re.S)]
+
+
+@pytest.mark.parametrize("folder", ["labs", "reference"])
+def test_section_index_has_a_card_per_page(built, pages, folder):
+    html = article_html(built / folder / "index.html")
+    cards = _cards(html)
+    built_pages = sorted(p.split("/")[1] for p in pages if p.startswith(folder + "/") and p.count("/") == 2)
+    assert sorted(href.rstrip("/") for href, _ in cards) == built_pages
+    for href, text in cards:
+        assert len(text.split()) >= 6, f"{folder}/{href}: the card has no line about the page"
+
+
+def test_module_index_has_a_card_per_lesson(bank, built):
+    for module in bank.modules:
+        lessons = bank.lessons_of(module.part)
+        if lessons:
+            cards = _cards(article_html(built / f"lessons/part-{module.part}/index.html"))
+            assert [href for href, _ in cards] == [f"{lesson.slug}/" for lesson in lessons], module.label
+            for (_, text), lesson in zip(cards, lessons):
+                assert lesson.meta.description.split()[0] in text

@@ -343,9 +343,30 @@ class Bank:
 # ---------------------------------------------------------------------------
 
 
+# libyaml's loader where PyYAML has it: several times faster on the bank and the facts file.
+_FAST_LOADER = getattr(yaml, "CSafeLoader", None)
+
+
+def _safe_load(text: str) -> Any:
+    return yaml.load(text, Loader=_FAST_LOADER or yaml.SafeLoader)
+
+
 def _compose(text: str) -> tuple[Any, yaml.Node | None]:
-    """Parse YAML keeping the node tree, whose marks give each value's line."""
-    loader = yaml.SafeLoader(text)
+    """Parse YAML keeping the node tree, whose marks give each value's line.
+
+    A file libyaml refuses is parsed again by the pure-Python loader, whose
+    error messages are the ones the bank's error lines quote.
+    """
+    if _FAST_LOADER is not None:
+        try:
+            return _compose_with(_FAST_LOADER, text)
+        except yaml.YAMLError:
+            pass
+    return _compose_with(yaml.SafeLoader, text)
+
+
+def _compose_with(loader_class, text: str) -> tuple[Any, yaml.Node | None]:
+    loader = loader_class(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
@@ -421,12 +442,12 @@ def read_yaml_file(path: Path, rel: str) -> tuple[Any, yaml.Node | None, list[Pr
 
 
 def _load_modules(root: Path) -> list[Module]:
-    data = yaml.safe_load((root / MODULES_FILE).read_text(encoding="utf-8"))
+    data = _safe_load((root / MODULES_FILE).read_text(encoding="utf-8"))
     return [Module(**entry) for entry in data["modules"]]
 
 
 def _vllm_version(root: Path) -> str:
-    data = yaml.safe_load((root / VLLM_FACTS_FILE).read_text(encoding="utf-8"))
+    data = _safe_load((root / VLLM_FACTS_FILE).read_text(encoding="utf-8"))
     return str(data["version"])
 
 
