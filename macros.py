@@ -403,6 +403,16 @@ def register_plot_macros(env) -> None:
                         tuple(prefill_batches))
 
     @env.macro
+    def engine_decode_plot(gpu: str) -> str:
+        """The engine's measured decode step against batch, per context, with the cost model's floors."""
+        from labs.engine.report import ResultsError
+
+        try:
+            return plots.engine_decode_figure(_url(), gpu)
+        except (plots.PlotError, ResultsError) as err:
+            raise MacroError(str(err)) from None
+
+    @env.macro
     def rooflines(model: str = "llama-3.1-8b", context: int = 2048, heading: str = "###") -> str:
         """A roofline per GPU of labs/data/gpus.yaml, each under its own heading."""
         return "\n".join(f"{heading} {g.display_name}\n\n" + roofline_svg(name, model, context)
