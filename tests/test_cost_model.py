@@ -270,3 +270,30 @@ def test_step_growth_and_kv_to_weights_say_where_batching_is_free():
     assert 1.5 < d.step_growth(64, 1024) < 1.6
     assert r.decode(d, 64, 8192).kv_to_weights == pytest.approx(4.58, abs=0.01)
     assert d.step_growth(1, 1024) == 1
+
+
+def test_kv_transfer_of_two_gib_at_400_gbit_is_about_43_ms():
+    """16,384 tokens of Llama-3.1-8B KV are 2 GiB; at 400 Gb/s that is 2^31 x 8 / 4e11 s."""
+    dep = r.deployment("llama-3.1-8b", "h200")
+    t = dep.kv_transfer(16384, gbit_per_s=400)
+    assert t.bytes == 2 * 2**30
+    assert t.seconds == pytest.approx(2**31 * 8 / 400e9)
+    # Per layer, keys and values apart, one piece per 16-token block: 1,024 blocks x 32 layers x 2.
+    assert t.copies == 1024 * 32 * 2
+    assert t.copy_bytes == 16 * 8 * 128 * 2
+    assert dep.kv_transfer(16384, gb_per_s=50).seconds == pytest.approx(2**31 / 50e9)
+
+
+def test_kv_transfer_needs_exactly_one_positive_link_speed():
+    dep = r.deployment("llama-3.1-8b", "h200")
+    for kwargs in ({}, {"gbit_per_s": 400, "gb_per_s": 50}, {"gbit_per_s": 0}):
+        with pytest.raises(r.SpecError, match="kv_transfer"):
+            dep.kv_transfer(1024, **kwargs)
+
+
+def test_kv_transfer_over_nvlink_takes_one_direction_of_the_datasheet_figure():
+    dep = r.deployment("llama-3.1-8b", "h200")
+    t = dep.kv_transfer(16384, nvlink=True)
+    assert t.seconds == pytest.approx(2**31 / (dep.gpu.nvlink_gbps / 2 * 1e9))
+    with pytest.raises(r.SpecError, match="no NVLink"):
+        r.deployment("llama-3.1-8b", "l40s").kv_transfer(1024, nvlink=True)
