@@ -246,6 +246,14 @@ class Deployment:
         """Decode tokens/s at `batch` over tokens/s at `base`, same context: what batching buys."""
         return decode(self, batch, context).tokens_per_s / decode(self, base, context).tokens_per_s
 
+    def step_growth(self, batch: int, context: int, base: int = 1) -> float:
+        """Decode floor at `batch` over the floor at `base`, same context: 1 means batching is free.
+
+        It stays near 1 only while batch x context x KV bytes per token is small against the
+        weight bytes; pages quote it to say where "step time is flat in batch" holds.
+        """
+        return decode(self, batch, context).floor_s / decode(self, base, context).floor_s
+
     def weight_bytes(self) -> int:
         return weight_bytes(self)
 
@@ -424,6 +432,11 @@ class StepCost:
     def kv_fraction(self) -> float:
         """Share of the bytes moved that is KV cache (read and written) rather than weights."""
         return (self.kv_read_bytes + self.kv_write_bytes) / self.bytes
+
+    @property
+    def kv_to_weights(self) -> float:
+        """KV bytes the step reads over the weight bytes it reads: above 1, the caches set the floor."""
+        return self.kv_read_bytes / self.weight_bytes
 
     @property
     def tokens_per_s(self) -> float:

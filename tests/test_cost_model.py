@@ -261,6 +261,17 @@ def test_mixed_agrees_with_uniform_steps(name, tp):
     assert step.tokens == 367 and step.sequences == 5
 
 
+def test_step_growth_and_kv_to_weights_say_where_batching_is_free():
+    d = r.deployment("llama-3.1-8b", "h200")
+    one, big = r.decode(d, 1, 1024), r.decode(d, 64, 1024)
+    assert d.step_growth(64, 1024) == pytest.approx(big.floor_s / one.floor_s)
+    # 64 x 1,024 tokens x 128 KiB = 8 GiB of KV against 14.96 GiB of weights: not flat
+    assert big.kv_to_weights == pytest.approx(64 * 1024 * 131072 / big.weight_bytes)
+    assert 1.5 < d.step_growth(64, 1024) < 1.6
+    assert r.decode(d, 64, 8192).kv_to_weights == pytest.approx(4.58, abs=0.01)
+    assert d.step_growth(1, 1024) == 1
+
+
 def test_kv_transfer_of_two_gib_at_400_gbit_is_about_43_ms():
     """16,384 tokens of Llama-3.1-8B KV are 2 GiB; at 400 Gb/s that is 2^31 x 8 / 4e11 s."""
     dep = r.deployment("llama-3.1-8b", "h200")

@@ -275,7 +275,16 @@ def test_cli_json(capsys):
     assert cli_main(["--model", "deepseek-v3", "--gpu", "h200", "--tensor-parallel-size", "8",
                      "--max-model-len", "32768", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["kv_bytes_per_token"] == 70272 and data["block_size"] == 64
+    # bf16 MLA on Hopper: FLASH_ATTN_MLA comes first and keeps 16-token blocks
+    assert data["kv_bytes_per_token"] == 70272 and data["block_size"] == 16
+    assert data["num_blocks"] > 0 and data["max_concurrency"] > 1
+
+
+def test_mla_fp8_cache_takes_flashmla_64_token_blocks(capsys):
+    assert cli_main(["--model", "deepseek-v3", "--gpu", "h200", "--tensor-parallel-size", "8",
+                     "--max-model-len", "32768", "--kv-cache-dtype", "fp8", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["block_size"] == 64
     assert data["num_blocks"] > 0 and data["max_concurrency"] > 1
 
 

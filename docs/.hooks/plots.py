@@ -330,7 +330,7 @@ def calculator_data(specs, formula, memory_budget, vllm_version: str, facts: dic
         "vllm_version": vllm_version,
         "kv_dtype_bytes": dict(formula.KV_DTYPE_BYTES),
         "default_block_size": formula.DEFAULT_BLOCK_SIZE,
-        "mla_block_size": formula.MLA_BLOCK_SIZE,
+        "mla_fp8_block_size": formula.MLA_FP8_BLOCK_SIZE,
         "gpu_memory_utilization": memory_budget.DEFAULT_GPU_MEMORY_UTILIZATION,
         "non_torch": memory_budget.NON_TORCH_ESTIMATE,
         "non_torch_tp_extra": memory_budget.NON_TORCH_TP_EXTRA,

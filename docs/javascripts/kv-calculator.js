@@ -55,8 +55,10 @@
     return model.dtype === "float32" ? "bfloat16" : model.dtype;
   }
 
-  function defaultBlockSize(data, model) {
-    return model.mla ? data.mla_block_size : data.default_block_size;
+  // MLA on Hopper: FLASH_ATTN_MLA (16-bit cache, multiples of 16) comes first;
+  // an fp8 cache falls through to FLASHMLA, which runs only 64-token blocks.
+  function defaultBlockSize(data, model, kvDtype) {
+    return model.mla && kvItemsize(data, model, kvDtype) === 1 ? data.mla_fp8_block_size : data.default_block_size;
   }
 
   function kvItemsize(data, model, kvDtype) {
@@ -186,8 +188,8 @@
     if (!(util > 0 && util <= 1)) throw new InputError("gpu_memory_utilization must be in (0, 1]");
     checkMaxModelLen(data, model, L);
     checkTensorParallel(model, tp);
-    var blockSize = defaultBlockSize(data, model);
     var kvDtype = input.kv_cache_dtype === "auto" ? servingDtype(model) : input.kv_cache_dtype;
+    var blockSize = defaultBlockSize(data, model, kvDtype);
     var maxNumBatchedTokens = gpu.max_num_batched_tokens;
     var maxNumSeqs = input.max_num_seqs || gpu.max_num_seqs;
     var inFlight = 2 * maxNumBatchedTokens; // async scheduling: two batches in flight

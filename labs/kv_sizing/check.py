@@ -58,7 +58,8 @@ SPLIT_MIN = 2**20  # a free tail smaller than this stays inside the allocated bl
 # One GQA bf16, one MLA (one rank of TP=8), one fp8 KV.
 CONFIGS = [
     {"label": "gqa-bf16", "model": "llama-3.1-8b", "kv_cache_dtype": "auto", "max_model_len": 8192, "tp": 1},
-    {"label": "mla-bf16-tp8-rank", "model": "deepseek-v3", "kv_cache_dtype": "auto", "max_model_len": 32768, "tp": 8},
+    {"label": "mla-bf16-tp8-rank", "model": "deepseek-v3", "kv_cache_dtype": "auto", "max_model_len": 32768, "tp": 8,
+     "block_size": 64},  # recorded with 64-token blocks, as FlashMLA runs; FLASH_ATTN_MLA would pick 16
     {"label": "gqa-fp8-kv", "model": "qwen3-8b", "kv_cache_dtype": "fp8", "max_model_len": 32768, "tp": 1},
 ]
 PREFILL_TOKENS = 8192
@@ -202,7 +203,7 @@ def check_config(cfg: dict) -> dict:
     total = cfg.get("total_memory") or torch.cuda.mem_get_info()[1]
     b = budget(model, gpu, cfg["max_model_len"], kv_cache_dtype=cfg["kv_cache_dtype"],
                tensor_parallel_size=tp, total_memory=total,
-               **{k: cfg[k] for k in ("activation_peak", "non_torch", "cudagraph") if k in cfg})
+               **{k: cfg[k] for k in ("activation_peak", "non_torch", "cudagraph", "block_size") if k in cfg})
     dtype = TORCH_DTYPES[model.serving_dtype]
     kv_dtype = torch.float8_e4m3fn if formula.kv_itemsize(model, cfg["kv_cache_dtype"]) == 1 else dtype
     rows = []

@@ -51,15 +51,19 @@ KV_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 KV_DTYPES = ("auto", *KV_DTYPE_BYTES, *KV_DTYPE_ALIASES)
 
 # vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE. The attention backend can
-# raise it (platforms/interface.py update_block_size_for_backend): FlashMLA,
-# DeepSeek's MLA backend on Hopper, only runs 64-token blocks.
+# raise it (platforms/interface.py _preferred_block_size_for_backends). For MLA on
+# Hopper, vllm/platforms/cuda.py tries FLASH_ATTN_MLA first: it takes any multiple
+# of 16 but only a 16-bit cache, so a bf16 cache keeps 16-token blocks. An fp8 cache
+# falls through to FLASHMLA, which runs only 64-token blocks.
 DEFAULT_BLOCK_SIZE = vllm_facts.resolved_default("block_size")  # 16, from labs/data/vllm.yaml
-MLA_BLOCK_SIZE = 64
+MLA_FP8_BLOCK_SIZE = 64  # vllm/v1/attention/backends/mla/flashmla.py get_supported_kernel_block_sizes
 
 
-def default_block_size(model: ModelSpec) -> int:
+def default_block_size(model: ModelSpec, kv_dtype: str = "auto") -> int:
     """The block size vLLM 0.33 picks on Hopper when --block-size is not given."""
-    return MLA_BLOCK_SIZE if model.mla is not None else DEFAULT_BLOCK_SIZE
+    if model.mla is not None and KV_DTYPE_BYTES.get(resolve_kv_dtype(model, kv_dtype)) == 1:
+        return MLA_FP8_BLOCK_SIZE
+    return DEFAULT_BLOCK_SIZE
 
 
 def resolve_kv_dtype(model: ModelSpec, kv_dtype: str = "auto") -> str:

@@ -161,17 +161,35 @@ class Budget:
 def kv_check_message(max_model_len: int, needed: int, available: int, estimated_max_len: int) -> str:
     """The error vLLM 0.33 raises when one max-length request does not fit.
 
-    Worded as in vllm/v1/core/kv_cache_planning.py `_check_enough_kv_cache_memory`
-    (GiB with two decimals; `available` already excludes the null block).
+    Worded as in vllm/v1/core/kv_cache_planning.py `_check_enough_kv_cache_memory`,
+    with its GiB figures as `format_gib` writes them (rounded to two places, trailing
+    zeros dropped); `available` already excludes the null block.
     """
     hint = (f"Based on the available memory, the estimated maximum model length is {estimated_max_len}. "
             if estimated_max_len > 0 else "")
     return (
         f"To serve at least one request with the model's max seq len ({max_model_len}), "
-        f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available KV cache "
-        f"memory ({available / GIB:.2f} GiB). {hint}Try increasing `gpu_memory_utilization` or "
-        f"decreasing `max_model_len` when initializing the engine."
+        f"({_format_gib(needed)} GiB KV cache is needed, which is larger than the available KV cache "
+        f"memory ({_format_gib(available)} GiB). {hint}Try increasing `gpu_memory_utilization` (which also "
+        f"controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. "
+        f"See {CONSERVING_MEMORY_URL} for more details."
     )
+
+
+# The page both of vLLM 0.33's KV-cache refusals point to.
+CONSERVING_MEMORY_URL = "https://docs.vllm.ai/en/latest/configuration/conserving_memory/"
+
+
+def no_memory_message() -> str:
+    """vLLM 0.33's error when nothing is left for the KV cache (`_check_enough_kv_cache_memory`)."""
+    return ("No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when "
+            "initializing the engine (this flag also controls CPU memory reservation on the CPU backend, "
+            f"despite its name). See {CONSERVING_MEMORY_URL} for more details.")
+
+
+def _format_gib(n_bytes: int) -> str:
+    """vllm/utils/mem_utils.py format_gib: str(round(bytes / GiB, 2))."""
+    return f"{round(n_bytes / GIB, 2)}"
 
 
 def estimate_max_model_len(model: ModelSpec, available: int, block_size: int, kv_dtype: str = "auto",
@@ -232,10 +250,10 @@ def budget(
         raise SpecError(f"gpu memory utilization must be in (0, 1], got {gpu_memory_utilization}")
     tp = tensor_parallel_size
     formula.check_tensor_parallel(model, tp)
-    block_size = block_size or formula.default_block_size(model)
+    kv_dtype = formula.resolve_kv_dtype(model, kv_cache_dtype)
+    block_size = block_size or formula.default_block_size(model, kv_dtype)
     if block_size < 1:
         raise SpecError(f"block size must be >= 1, got {block_size}")
-    kv_dtype = formula.resolve_kv_dtype(model, kv_cache_dtype)
     default_tokens, default_seqs = vllm_batch_defaults(gpu)
     max_num_batched_tokens = max_num_batched_tokens or default_tokens
     max_num_seqs = max_num_seqs or default_seqs
@@ -276,10 +294,7 @@ def budget(
     error = None
     est_len = _estimate_max_model_len(model, check_memory, block_size, kv_dtype, tp, in_flight, max_model_len)
     if kv_pool <= 0:
-        error = (
-            "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
-            "when initializing the engine."
-        )
+        error = no_memory_message()
     elif per_seq > check_memory:
         error = kv_check_message(max_model_len, per_seq, check_memory, est_len)
     concurrency = num_blocks / bpr if bpr else 0.0
