@@ -55,4 +55,15 @@ def flash_attention_env(gpu: str) -> str:
     return RESULTS.env_line(gpu)
 
 
-MACROS = [flash_attention_recorded, flash_attention_table, flash_attention_row, flash_attention_env]
+def attention_io(q_len: int, kv_len: int, causal: bool, io: str, batch: int = 1, model: str = "llama-3.1-8b",
+                 gpu: str = "h200", block_m: int = 128):
+    """The cost model's attention forward (labs/roofline.py attention_forward) with a model's heads."""
+    from labs import roofline
+    from labs.specs import get_model
+
+    m = get_model(model)
+    return roofline.attention_forward(gpu, batch, m.n_heads, m.n_kv_heads, q_len, kv_len, m.head_dim, causal, io,
+                                      block_m=block_m)
+
+
+MACROS = [attention_io, flash_attention_recorded, flash_attention_table, flash_attention_row, flash_attention_env]

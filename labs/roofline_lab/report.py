@@ -102,5 +102,31 @@ def roofline_lab_plot(gpu: str, page_url: str = "") -> str:
                           marks=[plotting.Mark(a, v, lbl) for a, v, lbl in marks])
 
 
-MACROS = [roofline_lab_recorded, roofline_lab_table, roofline_lab_ridge, roofline_lab_gemm, roofline_lab_attention,
+def gemm_nk() -> dict:
+    """{"n", "k"} of the lab's GEMM: Llama-3.1-8B's gate/up projection (labs/data/models.yaml)."""
+    from labs.roofline_lab.lab import gemm_shape
+
+    n, k = gemm_shape()
+    return {"n": n, "k": k}
+
+
+def gemm_cost(m: int, dtype: str = "bf16", gpu: str = "h200", tflops: float | None = None,
+              tb_s: float | None = None, n: int | None = None, k: int | None = None):
+    """The cost model's GEMM (labs/roofline.py gemm) at M rows; N and K default to the lab's shape."""
+    from labs import roofline
+
+    nk = gemm_nk()
+    return roofline.gemm(gpu, m, n or nk["n"], k or nk["k"], dtype, tflops, tb_s)
+
+
+def gemm_ridge(dtype: str = "bf16", gpu: str = "h200", tflops: float | None = None, tb_s: float | None = None,
+               n: int | None = None, k: int | None = None) -> float:
+    """The cost model's ridge M for the lab's GEMM shape (labs/roofline.py gemm_ridge_m)."""
+    from labs import roofline
+
+    nk = gemm_nk()
+    return roofline.gemm_ridge_m(gpu, n or nk["n"], k or nk["k"], dtype, tflops, tb_s)
+
+
+MACROS = [gemm_nk, gemm_cost, gemm_ridge, roofline_lab_recorded, roofline_lab_table, roofline_lab_ridge, roofline_lab_gemm, roofline_lab_attention,
           roofline_lab_env]  # roofline_lab_plot is registered in macros.py, which knows the page's URL
