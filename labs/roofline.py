@@ -868,6 +868,7 @@ def _rates(gpu: str | GPUSpec, dtype: str, tflops: float | None, tb_s: float | N
     return peak * 1e12, (tb_s if tb_s is not None else g.hbm_bandwidth_tbps) * 1e12
 
 
+# --8<-- [start:gemm]
 def gemm(gpu: str | GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", tflops: float | None = None,
          tb_s: float | None = None) -> OpCost:
     """Y (m x n, bf16) = X (m x k) @ W (k x n): 2mnk FLOPs; X and W read once, Y written once.
@@ -894,6 +895,7 @@ def gemm_ridge_m(gpu: str | GPUSpec, n: int, k: int, dtype: str = "bf16", tflops
     r = flops_per_s / bytes_per_s
     denom = 2.0 * n * k - r * a * k - 2.0 * r * n
     return math.inf if denom <= 0 else r * a * k * n / denom
+# --8<-- [end:gemm]
 
 
 ATTENTION_IO = ("naive", "flash", "flash_min")
