@@ -911,8 +911,8 @@ def attention_forward(gpu: str | GPUSpec, batch: int, heads: int, kv_heads: int,
     Bytes, bf16 tensors (b = 2):
       io="naive": Q, K, V read and O written once, plus the score matrix S
         (q_len x kv_len per head) written by QK^T, read and P written by the softmax,
-        P read by PV: 4 b x heads x q_len x kv_len; a causal mask adds one more read
-        and write of S.
+        P read by PV: 4 b x heads x q_len x kv_len; a causal mask (masked_fill) adds
+        one more read and write of S and a one-byte read of the mask per score.
       io="flash": Q read and O written once; K and V read once per query tile of
         block_m rows (causal: only the tiles at or left of the diagonal), the upper
         bound when nothing stays in L2. S never leaves the chip.
@@ -931,7 +931,7 @@ def attention_forward(gpu: str | GPUSpec, batch: int, heads: int, kv_heads: int,
     kv_once = 2.0 * batch * kv_heads * kv_len * head_dim * b
     if io == "naive":
         s = batch * heads * q_len * kv_len * b
-        nbytes = q_o + kv_once + (6 if causal else 4) * s
+        nbytes = q_o + kv_once + (6.5 if causal else 4) * s
     elif io == "flash_min":
         nbytes = q_o + kv_once
     else:

@@ -112,18 +112,36 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return o
 
 
-def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
-    """The textbook version: S = QK^T materialised in HBM, a softmax over it, then PV."""
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    s = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
+def causal_drop(q_len: int, kv_len: int, group: int, device) -> torch.Tensor:
+    """(group * q_len, kv_len) booleans, True where query i may not see key j (bottom-right aligned).
+
+    Rows repeat per query head of a KV head, matching naive_attention's stacked layout.
+    """
+    keep = torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len)
+    return (~keep).repeat(group, 1)
+
+
+def naive_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    drop: torch.Tensor | None = None) -> torch.Tensor:
+    """The textbook version: S = QK^T materialised in HBM, a softmax over it, then PV.
+
+    The passes over S are the ones the cost model counts: QK^T writes S, the softmax
+    reads S and writes P, PV reads P; a causal mask (masked_fill, with `keep`
+    precomputed or built here) reads S and the mask and writes S once more (pass `drop` from causal_drop
+    to keep building the mask out of a timing). The scale
+    is applied to q, not to S, and grouped-query heads share their KV head through a
+    view, so neither adds a pass over an L-sized tensor.
+    """
+    b, hq, q_len, d = q.shape
+    hkv, kv_len = k.shape[1], k.shape[2]
+    group = hq // hkv
+    qg = (q * (1.0 / math.sqrt(d))).reshape(b, hkv, group * q_len, d)  # a KV head's query heads, stacked
+    s = torch.matmul(qg, k.transpose(-1, -2))  # (b, hkv, group * q_len, kv_len)
     if causal:
-        q_len, kv_len = q.shape[2], k.shape[2]
-        keep = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril(kv_len - q_len)
-        s = s.masked_fill(~keep, float("-inf"))
+        drop = causal_drop(q_len, kv_len, group, q.device) if drop is None else drop
+        s = s.masked_fill(drop, float("-inf"))
     p = torch.softmax(s, dim=-1)
-    return torch.matmul(p, v)
+    return torch.matmul(p, v).reshape(b, hq, q_len, d)
 
 
 def reference_attention(q, k, v, causal: bool = False) -> torch.Tensor:

@@ -92,7 +92,7 @@ def run(torch, time, reps: int, experiments: tuple[str, ...], log=print) -> tupl
     """Check and time every case of `experiments`; returns ({experiment: rows}, failed variants)."""
     import torch.nn.functional as F
 
-    from labs.flash_attention.kernel import flash_attention, naive_attention
+    from labs.flash_attention.kernel import causal_drop, flash_attention, naive_attention
     from labs.specs import get_model
 
     m = get_model(MODEL)
@@ -119,12 +119,14 @@ def run(torch, time, reps: int, experiments: tuple[str, ...], log=print) -> tupl
             raise AssertionError(f"{case.name}: our kernel differs from SDPA by {err:.3g} (bound {MATCH_REL_ERR})")
         naive_us = None
         try:
-            nout = naive_attention(q, k, v, case.causal)
+            drop = causal_drop(case.q_len, case.kv_len, m.n_heads // m.n_kv_heads, "cuda") if case.causal else None
+            nout = naive_attention(q, k, v, case.causal, drop)
             nerr = _rel_err(nout, ref)
             del nout
             if not nerr <= MATCH_REL_ERR:
                 raise AssertionError(f"{case.name}: naive attention differs from SDPA by {nerr:.3g}")
-            naive_us = time(lambda: naive_attention(q, k, v, case.causal)).median_us
+            naive_us = time(lambda: naive_attention(q, k, v, case.causal, drop)).median_us
+            del drop
         except torch.cuda.OutOfMemoryError as e:  # S does not fit: the row says so, the others run
             failed.append({"experiment": case.experiment, "variant": f"{case.name}-naive", "error": str(e)[:200]})
             torch.cuda.empty_cache()
