@@ -191,15 +191,17 @@ def run_fusion(torch, reps: int, log=print) -> tuple[list[dict], list[dict]]:
     for n in FUSION_ROWS:
         x, res = (torch.randn(n, hidden, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
         w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16, generator=g)
-        (y1, h1), (y0, h0) = fused_add_rmsnorm(x, res, w), unfused_add_rmsnorm(x, res, w)
-        err = max(_rel_err(y1, y0), _rel_err(h1, h0))
-        if not err <= MATCH_REL_ERR:
-            raise AssertionError(f"fused add+RMSNorm at {n} rows differs from torch by {err:.3g}")
         try:
+            (y1, h1), (y0, h0) = fused_add_rmsnorm(x, res, w), unfused_add_rmsnorm(x, res, w)
+            err = max(_rel_err(y1, y0), _rel_err(h1, h0))
+            if not err <= MATCH_REL_ERR:
+                raise AssertionError(f"fused add+RMSNorm at {n} rows differs from torch by {err:.3g}")
             t_un = wall_us(torch, lambda: unfused_add_rmsnorm(x, res, w), reps * 5)
             t_fu = wall_us(torch, lambda: fused_add_rmsnorm(x, res, w), reps * 5)
             k_un = profiled(torch, lambda: unfused_add_rmsnorm(x, res, w), 5)["kernels"]
             k_fu = profiled(torch, lambda: fused_add_rmsnorm(x, res, w), 5)["kernels"]
+        except AssertionError:
+            raise
         except Exception as e:
             failed.append({"experiment": "fusion", "variant": f"rows-{n}", "error": f"{type(e).__name__}: {e}"[:300]})
             log(f"{n:>6} failed: {type(e).__name__}: {e}")

@@ -88,6 +88,43 @@ def _rel_err(a, b) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _one_case(torch, F, case, m, time, failed, flash_attention, naive_attention, causal_drop) -> dict:
+    """Check one case against SDPA, then time naive (unless out of memory), ours and SDPA."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(case.batch, m.n_heads, case.q_len, m.head_dim, device="cuda", dtype=torch.bfloat16,
+                    generator=g)
+    k, v = (torch.randn(case.batch, m.n_kv_heads, case.kv_len, m.head_dim, device="cuda", dtype=torch.bfloat16,
+                        generator=g) for _ in range(2))
+    block_m = 16 if case.q_len <= 16 else 128
+
+    def sdpa():
+        # q_len = 1 with is_causal would align top-left in SDPA; one query sees every key anyway
+        return F.scaled_dot_product_attention(q, k, v, is_causal=case.causal and case.q_len > 1, enable_gqa=True)
+
+    ref = sdpa()
+    out = flash_attention(q, k, v, causal=case.causal)
+    err = _rel_err(out, ref)
+    if not err <= MATCH_REL_ERR:
+        raise AssertionError(f"{case.name}: our kernel differs from SDPA by {err:.3g} (bound {MATCH_REL_ERR})")
+    naive_us = None
+    try:
+        drop = causal_drop(case.q_len, case.kv_len, m.n_heads // m.n_kv_heads, "cuda") if case.causal else None
+        nout = naive_attention(q, k, v, case.causal, drop)
+        nerr = _rel_err(nout, ref)
+        del nout
+        if not nerr <= MATCH_REL_ERR:
+            raise AssertionError(f"{case.name}: naive attention differs from SDPA by {nerr:.3g}")
+        naive_us = time(lambda: naive_attention(q, k, v, case.causal, drop)).median_us
+        del drop
+    except torch.cuda.OutOfMemoryError as e:  # S does not fit: the row says so, the others run
+        failed.append({"experiment": case.experiment, "variant": f"{case.name}-naive", "error": str(e)[:200]})
+        torch.cuda.empty_cache()
+    flash_us = time(lambda: flash_attention(q, k, v, causal=case.causal)).median_us
+    sdpa_us = time(sdpa).median_us
+    r = row(case, costs(case, m.n_heads, m.n_kv_heads, m.head_dim, block_m), naive_us, flash_us, sdpa_us, err)
+    return r
+
+
 def run(torch, time, reps: int, experiments: tuple[str, ...], log=print) -> tuple[dict, list[dict]]:
     """Check and time every case of `experiments`; returns ({experiment: rows}, failed variants)."""
     import torch.nn.functional as F
@@ -101,39 +138,16 @@ def run(torch, time, reps: int, experiments: tuple[str, ...], log=print) -> tupl
     for case in CASES:
         if case.experiment not in experiments:
             continue
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q = torch.randn(case.batch, m.n_heads, case.q_len, m.head_dim, device="cuda", dtype=torch.bfloat16,
-                        generator=g)
-        k, v = (torch.randn(case.batch, m.n_kv_heads, case.kv_len, m.head_dim, device="cuda", dtype=torch.bfloat16,
-                            generator=g) for _ in range(2))
-        block_m = 16 if case.q_len <= 16 else 128
-
-        def sdpa():
-            # q_len = 1 with is_causal would align top-left in SDPA; one query sees every key anyway
-            return F.scaled_dot_product_attention(q, k, v, is_causal=case.causal and case.q_len > 1, enable_gqa=True)
-
-        ref = sdpa()
-        out = flash_attention(q, k, v, causal=case.causal)
-        err = _rel_err(out, ref)
-        if not err <= MATCH_REL_ERR:
-            raise AssertionError(f"{case.name}: our kernel differs from SDPA by {err:.3g} (bound {MATCH_REL_ERR})")
-        naive_us = None
         try:
-            drop = causal_drop(case.q_len, case.kv_len, m.n_heads // m.n_kv_heads, "cuda") if case.causal else None
-            nout = naive_attention(q, k, v, case.causal, drop)
-            nerr = _rel_err(nout, ref)
-            del nout
-            if not nerr <= MATCH_REL_ERR:
-                raise AssertionError(f"{case.name}: naive attention differs from SDPA by {nerr:.3g}")
-            naive_us = time(lambda: naive_attention(q, k, v, case.causal, drop)).median_us
-            del drop
-        except torch.cuda.OutOfMemoryError as e:  # S does not fit: the row says so, the others run
-            failed.append({"experiment": case.experiment, "variant": f"{case.name}-naive", "error": str(e)[:200]})
+            r = _one_case(torch, F, case, m, time, failed, flash_attention, naive_attention, causal_drop)
+        except AssertionError:
+            raise
+        except Exception as e:  # this case cannot run here: reported, the other cases recorded
+            failed.append({"experiment": case.experiment, "variant": case.name,
+                           "error": f"{type(e).__name__}: {e}"[:300]})
+            log(f"{case.name:<34} failed: {type(e).__name__}: {e}"[:200])
             torch.cuda.empty_cache()
-        flash_us = time(lambda: flash_attention(q, k, v, causal=case.causal)).median_us
-        sdpa_us = time(sdpa).median_us
-        r = row(case, costs(case, m.n_heads, m.n_kv_heads, m.head_dim, block_m), naive_us, flash_us, sdpa_us, err)
+            continue
         log(format_row(r))
         sections.setdefault(case.experiment, []).append(r)
-        del q, k, v, ref, out
     return sections, failed

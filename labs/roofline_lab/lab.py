@@ -67,14 +67,15 @@ def ridges(rows: list[dict]) -> list[dict]:
 
 
 def attention_row(batch: int, context: int, heads: int, kv_heads: int, head_dim: int, time_us: float,
-                  rel_err: float) -> dict:
+                  rel_err: float | None) -> dict:
     """One paged decode: FLOPs 4 H_q d per pair, bytes = K and V read (bf16) plus q and out."""
     flops = 4.0 * batch * heads * head_dim * context
     kv = 2.0 * batch * context * kv_heads * head_dim * 2
     nbytes = kv + 2.0 * batch * heads * head_dim * 2
     return {"batch": batch, "context": context, "time_us": round(time_us, 2), "kv_bytes": kv, "flops": flops,
             "intensity": round(flops / nbytes, 3), "tflop_s": round(flops / time_us / 1e6, 2),
-            "tb_s": round(nbytes / time_us / 1e6, 3), "rel_err": float(f"{rel_err:.3g}")}
+            "tb_s": round(nbytes / time_us / 1e6, 3),
+            "rel_err": None if rel_err is None else float(f"{rel_err:.3g}")}
 
 
 GEMM_HEADER = (f"{'dtype':<5} {'M':>5} {'N':>6} {'K':>5} {'time us':>9} {'TFLOP/s':>8} {'GB/s':>8} {'FLOP/B':>8} "
@@ -163,6 +164,21 @@ def run_gemm(torch, time, log=print) -> tuple[list[dict], list[dict]]:
     return rows, failed
 
 
+def _attention_case(torch, paged_decode, paged_decode_ref, make_problem, md, b: int, ctx: int, time) -> dict:
+    """Build B sequences of ctx cached tokens, check the kernel where the reference is cheap, time it."""
+    p = make_problem([ctx] * b, md.n_heads, md.n_kv_heads, md.head_dim, BLOCK_SIZE, torch.bfloat16, "cuda",
+                     spare_blocks=1, seed=b * 7 + ctx)
+    args = (p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
+    out = paged_decode(*args)
+    err = None  # not checked: the fp32 reference would gather gigabytes
+    if b * ctx <= 16 * 4096:  # the reference gathers the cache in fp32: check where that is cheap
+        err = _rel_err(out, paged_decode_ref(*args))
+        if not err <= 2e-2:
+            raise AssertionError(f"paged decode B={b} L={ctx}: relative error {err:.3g} against the reference")
+    return attention_row(b, ctx, md.n_heads, md.n_kv_heads, md.head_dim, time(lambda: paged_decode(*args)).median_us,
+                         err)
+
+
 def run_attention(torch, time, log=print) -> tuple[list[dict], list[dict]]:
     from labs.paged_attention.kernel import paged_decode
     from labs.paged_attention.reference import paged_decode_ref
@@ -175,21 +191,18 @@ def run_attention(torch, time, log=print) -> tuple[list[dict], list[dict]]:
 
     for b in ATTN_BATCHES:
         for ctx in ATTN_CONTEXTS:
-            p = make_problem([ctx] * b, md.n_heads, md.n_kv_heads, md.head_dim, BLOCK_SIZE, torch.bfloat16, "cuda",
-                             spare_blocks=1, seed=b * 7 + ctx)
-            args = (p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens)
-            out = paged_decode(*args)
-            if b * ctx <= 16 * 4096:  # the reference gathers the cache: check where it is cheap
-                err = _rel_err(out, paged_decode_ref(*args))
-                if not err <= 2e-2:
-                    raise AssertionError(f"paged decode B={b} L={ctx}: relative error {err:.3g} against the reference")
-            else:
-                err = float("nan")
-            r = attention_row(b, ctx, md.n_heads, md.n_kv_heads, md.head_dim, time(lambda: paged_decode(*args)).median_us,
-                              err)
+            try:
+                r = _attention_case(torch, paged_decode, paged_decode_ref, make_problem, md, b, ctx, time)
+            except AssertionError:
+                raise
+            except Exception as e:  # reported; the other shapes are recorded
+                failed.append({"experiment": "attention", "variant": f"b{b}-l{ctx}",
+                               "error": f"{type(e).__name__}: {e}"[:300]})
+                log(f"B={b} L={ctx} failed: {type(e).__name__}: {e}"[:200])
+                torch.cuda.empty_cache()
+                continue
             log(format_attention(r))
             rows.append(r)
-            del p, args, out
     return rows, failed
 
 
