@@ -113,3 +113,16 @@ def test_gpu_kernel_matches_fp32_at_real_sizes(q_len, kv_len, causal):
     ref = reference_attention(q, k, v, causal)
     err = ((flash_attention(q, k, v, causal).float() - ref).norm() / ref.norm()).item()
     assert err <= lab.MATCH_REL_ERR / 2, err
+
+
+def test_prose_waits_for_the_naive_times_it_quotes(tmp_path, monkeypatch):
+    path = tmp_path / "flash_attention.json"
+    monkeypatch.setattr(report.RESULTS, "path", path)
+    env = {"gpu": "NVIDIA H200", "date": "2030-01-02", "sm_count": 132, "compute_capability": "9.0",
+           "driver": "1", "cuda": "13.0", "torch": "2", "triton": "3"}
+    cases = {c.name: c for c in lab.CASES}
+    rows = [lab.row(cases[n], lab.costs(cases[n], 32, 8, 128, 128), None if "16384" in n else 50.0, 10.0, 9.0, 1e-3)
+            for n in report.QUOTED]
+    results.record(path, "flash_attention", env, {"copy_gb_s": 4250.0, "reps": 10, "failed": []}, {"prefill": rows},
+                   lab.config_name, lab.printed)
+    assert report.flash_attention_recorded("H200") and not report.flash_attention_complete("H200")

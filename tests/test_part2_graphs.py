@@ -109,3 +109,21 @@ def test_gpu_captured_decode_step_matches_eager_and_follows_new_inputs():
     out = cap.replay().float()
     ref = stack.forward(x2, True).float()
     assert ((out - ref).norm() / ref.norm()).item() < 1e-2
+
+
+def test_prose_waits_for_a_complete_run(tmp_path, monkeypatch):
+    """A run whose graph rows failed fills the table but not the lesson's quoted sentences."""
+    path = tmp_path / "cuda_graphs.json"
+    monkeypatch.setattr(report.RESULTS, "path", path)
+    assert not report.cuda_graphs_complete("H200")
+    prof = {"launches": 100, "graph_launches": 0, "kernels": 100, "kernel_us": 400.0}
+    env = {"gpu": "NVIDIA H200", "date": "2030-01-02", "sm_count": 132, "compute_capability": "9.0",
+           "driver": "1", "cuda": "13.0", "torch": "2", "triton": "3"}
+    eager_only = lab.with_speedup([lab.row("eager", p, 1, 1000.0, prof) for p in ("decode", "prefill")])
+    results.record(path, "cuda_graphs", env, {"copy_gb_s": 4250.0, "reps": 10, "failed": []}, {"step": eager_only},
+                   lab.config_name, lab.printed)
+    assert report.cuda_graphs_recorded("H200") and not report.cuda_graphs_complete("H200")
+    full = lab.with_speedup([lab.row(v, p, 1, 1000.0, prof) for p in ("decode", "prefill") for v in ("eager", "graph")])
+    results.record(path, "cuda_graphs", env, {"copy_gb_s": 4250.0, "reps": 10, "failed": []}, {"step": full},
+                   lab.config_name, lab.printed)
+    assert report.cuda_graphs_complete("H200")

@@ -63,4 +63,22 @@ def cuda_graphs_env(gpu: str) -> str:
     return RESULTS.env_line(gpu)
 
 
-MACROS = [cuda_graphs_recorded, cuda_graphs_table, cuda_graphs_row, cuda_graphs_fusion_row, cuda_graphs_env]
+QUOTED = [("decode", "eager"), ("decode", "graph"), ("prefill", "eager"), ("prefill", "graph")]
+
+
+def cuda_graphs_complete(gpu: str) -> bool:
+    """True when the rows the lesson and question quote were recorded with every field they use.
+
+    A partial run (a variant that failed, a profiler without kernel events) still fills
+    the tables; the prose that quotes single rows waits for a complete one.
+    """
+    if not RESULTS.recorded(gpu):
+        return False
+    try:
+        rows = [cuda_graphs_row(phase, variant, gpu) for phase, variant in QUOTED]
+    except LookupError:
+        return False
+    return all(r.get(k) is not None for r in rows for k in ("step_us", "launches", "gpu_busy", "vs_eager"))
+
+
+MACROS = [cuda_graphs_complete, cuda_graphs_recorded, cuda_graphs_table, cuda_graphs_row, cuda_graphs_fusion_row, cuda_graphs_env]

@@ -66,4 +66,17 @@ def attention_io(q_len: int, kv_len: int, causal: bool, io: str, batch: int = 1,
                                       block_m=block_m)
 
 
-MACROS = [attention_io, flash_attention_recorded, flash_attention_table, flash_attention_row, flash_attention_env]
+QUOTED = ("prefill-b1-q16384-kv16384-full", "prefill-b1-q256-kv256-full")
+
+
+def flash_attention_complete(gpu: str) -> bool:
+    """True when the rows the lesson quotes were recorded with a naive time (naive can run out of memory)."""
+    if not RESULTS.recorded(gpu):
+        return False
+    try:
+        return all(flash_attention_row(c, gpu).get("naive_vs_flash") is not None for c in QUOTED)
+    except (LookupError, ValueError):
+        return False
+
+
+MACROS = [flash_attention_complete, attention_io, flash_attention_recorded, flash_attention_table, flash_attention_row, flash_attention_env]

@@ -128,5 +128,16 @@ def gemm_ridge(dtype: str = "bf16", gpu: str = "h200", tflops: float | None = No
     return roofline.gemm_ridge_m(gpu, n or nk["n"], k or nk["k"], dtype, tflops, tb_s)
 
 
-MACROS = [gemm_nk, gemm_cost, gemm_ridge, roofline_lab_recorded, roofline_lab_table, roofline_lab_ridge, roofline_lab_gemm, roofline_lab_attention,
+def roofline_lab_complete(gpu: str) -> bool:
+    """True when a bf16 ridge row was recorded (the one the lesson quotes)."""
+    if not RESULTS.recorded(gpu):
+        return False
+    try:
+        roofline_lab_ridge("bf16", gpu)
+    except (LookupError, ValueError):
+        return False
+    return True
+
+
+MACROS = [roofline_lab_complete, gemm_nk, gemm_cost, gemm_ridge, roofline_lab_recorded, roofline_lab_table, roofline_lab_ridge, roofline_lab_gemm, roofline_lab_attention,
           roofline_lab_env]  # roofline_lab_plot is registered in macros.py, which knows the page's URL
