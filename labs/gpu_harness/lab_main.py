@@ -16,6 +16,9 @@ from labs.gpu_harness import bench
 def main(argv, *, prog: str, description: str, lab: str, lab_module, results_path: Path, reps: int = 10) -> int:
     p = bench.parser(prog, description, lab_module.EXPERIMENTS, results_path)
     p.set_defaults(reps=reps)
+    for action in p._actions:  # the shared parser's help names its own default
+        if action.dest == "reps":
+            action.help = action.help.replace("default 20", f"default {reps}")
     args = p.parse_args(argv)
     experiments = bench.validate(p, args) or lab_module.EXPERIMENTS
     import torch
