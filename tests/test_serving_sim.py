@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -207,6 +208,33 @@ def test_expected_tokens_limits():
     assert spec_decode.expected_tokens(0.5, 1) == pytest.approx(1.5)
 
 
+def test_draft_acceptance_rate_is_not_alpha():
+    """vLLM's accepted/drafted ratio under i.i.d. acceptance: 0.51 at alpha 0.7, k 3; equal to alpha at k 1."""
+    assert spec_decode.draft_acceptance_rate(0.7, 3) == pytest.approx((0.7 - 0.7 ** 4) / (3 * 0.3))
+    assert spec_decode.draft_acceptance_rate(0.7, 3) == pytest.approx(0.511, abs=1e-3)
+    assert spec_decode.draft_acceptance_rate(0.7, 1) == pytest.approx(0.7)
+    rng = random.Random(3)
+    drafted = accepted = 0
+    per_pos, drafts = [0, 0, 0], 20000
+    for _ in range(drafts):
+        n = 0
+        while n < 3 and rng.random() < 0.7:
+            per_pos[n] += 1
+            n += 1
+        drafted, accepted = drafted + 3, accepted + n
+    assert accepted / drafted == pytest.approx(spec_decode.draft_acceptance_rate(0.7, 3), abs=0.01)
+    assert spec_decode.per_position_alpha(per_pos, drafts) == pytest.approx([0.7] * 3, abs=0.02)
+    assert spec_decode.alpha_from_mean_accepted(accepted / drafts, 3) == pytest.approx(0.7, abs=0.01)
+
+
+def test_alpha_from_mean_accepted_inverts_expected_tokens():
+    for alpha in (0.0, 0.3, 0.7, 0.95):
+        mean = spec_decode.expected_tokens(alpha, 4) - 1
+        assert spec_decode.alpha_from_mean_accepted(mean, 4) == pytest.approx(alpha, abs=1e-9)
+    with pytest.raises(SpecError, match="mean accepted"):
+        spec_decode.alpha_from_mean_accepted(5, 4)
+
+
 def test_speedup_approaches_expected_tokens_for_a_free_drafter_at_batch_one(llama_h200):
     """ngram drafts cost nothing and a batch-1 verify is memory-bound: speedup ~ E[tokens]."""
     d = spec_decode.make_drafter("ngram", llama_h200)
@@ -274,7 +302,7 @@ def test_cli_prints_a_table_writes_json_and_is_deterministic(tmp_path):
     (("batching", "--model", "mixtral-8x7b"), "dense full-attention"),
     (("batching", "--prompt-len", "9:3"), "lo <= hi"),
     (("preemption", "--cases", "10x4"), "could never finish"),
-    (("spec-decode", "--alpha", "1.5"), "acceptance rates"),
+    (("spec-decode", "--alpha", "1.5"), "argument --alpha: expected a finite number in [0, 1]"),
     (("knobs", "--gpu", "tpu"), "unknown GPU"),
 ])
 def test_cli_bad_input_names_the_problem(args, message):
@@ -293,7 +321,7 @@ def test_cli_bad_input_names_the_problem(args, message):
     (("batching", "--step-overhead-ms", "inf"), "--step-overhead-ms"),
     (("batching", "--gpu-memory-utilization", "nan"), "--gpu-memory-utilization"),
     (("spec-decode", "--trials", "1000000000"), "--trials"),
-    (("spec-decode", "--alphas", "0.5,nan"), "acceptance rates"),
+    (("spec-decode", "--alphas", "0.5,nan"), "argument --alphas: in '0.5,nan': expected a finite number in [0, 1]"),
     (("preemption", "--cases", "99999999999x4"), "--cases"),
     (("batching", "--num-gpu-blocks-override", "99999999999"), "--num-gpu-blocks-override"),
 ])

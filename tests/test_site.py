@@ -80,10 +80,23 @@ def _resolve(from_page: str, href: str) -> tuple[str, str] | None:
     return target, unquote(parts.fragment)
 
 
+def protocol_relative_to_this_site(href: str, top_level: set[str]) -> bool:
+    """`//lessons/x`: a path of this site written with a leading `//`, which browsers read as a host."""
+    if not href.startswith("//"):
+        return False
+    host = urlsplit(href).netloc
+    return "." not in host or host in top_level  # a real external host has a dot in its name
+
+
 def test_zero_broken_internal_links_and_anchors(built, pages):
     broken = []
+    top_level = {p.name for p in built.iterdir()}
     for name, page in pages.items():
         for href, line in page.links:
+            if protocol_relative_to_this_site(href, top_level):
+                broken.append(f"{name}:{line}: {href} is protocol-relative: it names the host "
+                              f"{urlsplit(href).netloc!r}, not this site's page")
+                continue
             resolved = _resolve(name, href)
             if resolved is None:
                 continue
@@ -211,3 +224,40 @@ def test_module_index_has_a_card_per_lesson(bank, built):
             assert [href for href, _ in cards] == [f"{lesson.slug}/" for lesson in lessons], module.label
             for (_, text), lesson in zip(cards, lessons):
                 assert lesson.meta.description.split()[0] in text
+
+
+def test_protocol_relative_links_are_caught():
+    top = {"lessons", "questions", "assets"}
+    assert protocol_relative_to_this_site("//lessons/", top)
+    assert protocol_relative_to_this_site("//assets.x/a", {"assets.x"})
+    assert not protocol_relative_to_this_site("//fonts.example.org/a.css", top)
+    assert not protocol_relative_to_this_site("/lessons/", top)
+
+
+def _links_404(html: str) -> list[str]:
+    import re
+
+    main = html[html.index("Page not found"):]
+    return re.findall(r'<a href="([^"]+)"', main[: main.index("</ul>")])
+
+
+def test_404_page_links_resolve_from_any_depth(built):
+    """Served for any missing address, at any depth: its links are absolute paths of this site."""
+    links = _links_404((built / "404.html").read_text(encoding="utf-8"))
+    assert links == ["/lessons/", "/questions/", "/labs/", "/"], links
+    for href in links:
+        assert (built / href.lstrip("/") / "index.html").is_file(), href
+
+
+def test_404_page_under_a_site_url_with_a_path(tmp_path):
+    """Published at https://host/bank/, the 404 page's links keep the /bank/ prefix."""
+    from site_helpers import copy_site, mkdocs_build
+
+    root = copy_site(tmp_path / "site")
+    result = mkdocs_build(root, tmp_path / "out", strict=True, site_url="https://example.org/interview-bank/")
+    assert result.returncode == 0, result.stderr[-3000:]
+    links = _links_404((tmp_path / "out/404.html").read_text(encoding="utf-8"))
+    assert links == ["/interview-bank/lessons/", "/interview-bank/questions/", "/interview-bank/labs/",
+                     "/interview-bank/"], links
+    for href in links:
+        assert (tmp_path / "out" / href.removeprefix("/interview-bank/") / "index.html").is_file(), href

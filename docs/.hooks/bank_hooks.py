@@ -24,11 +24,13 @@ from mkdocs.structure.files import File
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bank as bank_lib  # noqa: E402
+import bank_check  # noqa: E402
 import bank_render as render  # noqa: E402
 import glossary  # noqa: E402
 import study  # noqa: E402
 import plotting  # noqa: E402
 import sections  # noqa: E402
+from labs.datafile import DataError  # noqa: E402  (site_data, imported by glossary, put the root on the path)
 
 # Nav entries in mkdocs.yml that the hook expands into generated sections.
 LESSONS_INDEX = "lessons/index.md"
@@ -142,13 +144,19 @@ def _check_recorded_results(root: Path) -> None:
 def on_config(config):
     plotting.reset_build()
     root = _root(config)
+    render.clear_lab_outputs()
+    _check_recorded_results(root)
     try:
         bank = bank_lib.get_bank(root)
-    except bank_lib.BankError as err:
+        _state["abbreviations"] = glossary.abbreviation_lines(root)
+        # What the pages would fail on (macros, includes, links, lab output), found first and
+        # reported at the YAML line. A PluginError stops the build, strict or not.
+        problems = bank_check.check(bank)
+        if problems:
+            raise bank_lib.BankError(problems)
+    except (bank_lib.BankError, DataError) as err:
         raise PluginError(str(err)) from None
     _state["bank"] = bank
-    _check_recorded_results(root)
-    _state["abbreviations"] = glossary.abbreviation_lines(root)
 
     # One setting, extra.repository, gives the edit links. No repo_url: Material
     # would call the GitHub API for stars and forks on every page view.
