@@ -454,6 +454,13 @@ def register_plot_macros(env) -> None:
                         vllm_facts()["version"])
 
     @env.macro
+    def roofline_lab_plot(gpu: str) -> str:
+        """The roofline lab's measured GEMM and attention points on the GPU's roofline (labs/results/)."""
+        from labs.roofline_lab.report import roofline_lab_plot as plot
+
+        return plot(gpu, _url())
+
+    @env.macro
     def paged_attention_plot(gpu: str, table: bool = True) -> str:
         """The named GPU's paged-kernel bandwidth per shape against its copy bandwidth (labs/results/)."""
         return plots.paged_attention_figures(_url(), gpu, with_table=table)

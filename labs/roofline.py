@@ -875,3 +875,132 @@ def offline_throughput_bound(dep: Deployment, trace: Iterable, concurrency: int)
         prefill_flops=prefill_flops, prefill_s=prefill_flops / dep.flops_per_s, decode_steps=steps,
         decode_bytes=decode_bytes, decode_flops=decode_flops, decode_s=decode_s,
         flops_per_s=dep.flops_per_s, bytes_per_s=bw.bytes_per_s, bandwidth_label=bw.label)
+
+
+# ---------------------------------------------------------------------------
+# One operator: a GEMM, an attention forward (the Part 2 labs measure these)
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """FLOPs and HBM bytes of one kernel, and its floors at the given rates."""
+
+    flops: float
+    bytes: float
+    flops_per_s: float
+    bytes_per_s: float
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+    @property
+    def compute_s(self) -> float:
+        return self.flops / self.flops_per_s
+
+    @property
+    def memory_s(self) -> float:
+        return self.bytes / self.bytes_per_s
+
+    @property
+    def floor_s(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+    @property
+    def attained_flops_per_s(self) -> float:
+        return self.flops / self.floor_s
+
+
+GEMM_DTYPES = {"bf16": 2, "fp8": 1}  # input bytes per element; the output is bf16 either way
+
+
+def _rates(gpu: str | GPUSpec, dtype: str, tflops: float | None, tb_s: float | None) -> tuple[float, float]:
+    g = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    if dtype not in GEMM_DTYPES:
+        raise CostModelError(f"GEMM dtype must be one of {', '.join(GEMM_DTYPES)}, got {dtype!r}")
+    peak = tflops if tflops is not None else g.dense_tflops.get(dtype)
+    if peak is None:
+        raise CostModelError(f"{g.name} has no dense {dtype} FLOP/s in labs/data/gpus.yaml")
+    return peak * 1e12, (tb_s if tb_s is not None else g.hbm_bandwidth_tbps) * 1e12
+
+
+# --8<-- [start:gemm]
+def gemm(gpu: str | GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", tflops: float | None = None,
+         tb_s: float | None = None) -> OpCost:
+    """Y (m x n, bf16) = X (m x k) @ W (k x n): 2mnk FLOPs; X and W read once, Y written once.
+
+    The byte count is the least any kernel can move; rates default to the datasheet's
+    (tflops / tb_s replace them with measured ones).
+    """
+    if min(m, n, k) < 1:
+        raise CostModelError(f"GEMM sizes must be positive, got m={m}, n={n}, k={k}")
+    a = GEMM_DTYPES.get(dtype, 0)
+    flops_per_s, bytes_per_s = _rates(gpu, dtype, tflops, tb_s)
+    return OpCost(2.0 * m * n * k, a * (m * k + k * n) + 2.0 * m * n, flops_per_s, bytes_per_s)
+
+
+def gemm_ridge_m(gpu: str | GPUSpec, n: int, k: int, dtype: str = "bf16", tflops: float | None = None,
+                 tb_s: float | None = None) -> float:
+    """The M (rows of X: tokens in the batch) at which the GEMM's intensity equals peak / bandwidth.
+
+    From 2MNK / (a(MK + KN) + 2MN) = R: M = R a K N / (2NK - R a K - 2 R N); inf when
+    the weight shape can never reach the ridge.
+    """
+    a = GEMM_DTYPES.get(dtype, 0)
+    flops_per_s, bytes_per_s = _rates(gpu, dtype, tflops, tb_s)
+    r = flops_per_s / bytes_per_s
+    denom = 2.0 * n * k - r * a * k - 2.0 * r * n
+    return math.inf if denom <= 0 else r * a * k * n / denom
+# --8<-- [end:gemm]
+
+
+ATTENTION_IO = ("naive", "flash", "flash_min")
+
+
+def attention_forward(gpu: str | GPUSpec, batch: int, heads: int, kv_heads: int, q_len: int, kv_len: int,
+                      head_dim: int, causal: bool, io: str, block_m: int = 128, tflops: float | None = None,
+                      tb_s: float | None = None) -> OpCost:
+    """One attention forward's FLOPs (useful pairs only) and the HBM bytes each implementation moves.
+
+    FLOPs: 4 d per (query, key) pair and head (QK^T and PV), pairs counted causally
+    (query i of q_len sees the first kv_len - q_len + i + 1 keys) or all q_len x kv_len.
+    Bytes, bf16 tensors (b = 2):
+      io="naive": Q, K, V read and O written once, plus the score matrix S
+        (q_len x kv_len per head) written by QK^T, read and P written by the softmax,
+        P read by PV: 4 b x heads x q_len x kv_len; a causal mask (masked_fill) adds
+        one more read and write of S and a one-byte read of the mask per score.
+      io="flash": Q read and O written once; K and V read once per query tile of
+        block_m rows (causal: only the tiles at or left of the diagonal), the upper
+        bound when nothing stays in L2. S never leaves the chip.
+      io="flash_min": Q, K, V read and O written once: what a flash kernel moves when
+        the programs sharing a head's K and V run together and re-read them from L2.
+    """
+    b = 2
+    if io not in ATTENTION_IO:
+        raise CostModelError(f"attention io must be one of {', '.join(ATTENTION_IO)}, got {io!r}")
+    if q_len > kv_len:
+        raise CostModelError(f"q_len ({q_len}) must not exceed kv_len ({kv_len})")
+    past = kv_len - q_len
+    pairs = q_len * past + q_len * (q_len + 1) // 2 if causal else q_len * kv_len
+    flops = 4.0 * batch * heads * head_dim * pairs
+    q_o = 2.0 * batch * heads * q_len * head_dim * b
+    kv_once = 2.0 * batch * kv_heads * kv_len * head_dim * b
+    if io == "naive":
+        s = batch * heads * q_len * kv_len * b
+        nbytes = q_o + kv_once + (6.5 if causal else 4) * s
+    elif io == "flash_min":
+        nbytes = q_o + kv_once
+    else:
+        tiles = -(-q_len // block_m)
+        if causal:  # tile t sees keys up to past + (t + 1) block_m
+            keys = sum(min(kv_len, past + (t + 1) * block_m) for t in range(tiles))
+        else:
+            keys = tiles * kv_len
+        nbytes = q_o + 2.0 * batch * kv_heads * keys * head_dim * b
+    flops_per_s, bytes_per_s = _rates(gpu, "bf16", tflops, tb_s)
+    return OpCost(flops, nbytes, flops_per_s, bytes_per_s)

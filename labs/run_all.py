@@ -86,6 +86,15 @@ STEPS: tuple[Step, ...] = (
     Step("parallel-gemm-shards", "labs.parallel.gemm_shards",
          ("--out", "{out}"),
          what="per-rank GEMMs at TP = 1, 2, 4, 8 shard shapes and the TP speedup they predict"),
+    Step("roofline-lab", "labs.roofline_lab",
+         ("--out", "{out}"),
+         what="bf16 and fp8 GEMM against M, the measured ridge, paged decode attention's intensity"),
+    Step("flash-attention-bench", "labs.flash_attention",
+         ("--out", "{out}"),
+         what="naive attention vs a Triton FlashAttention kernel vs torch SDPA over sequence lengths"),
+    Step("cuda-graphs-bench", "labs.cuda_graphs",
+         ("--out", "{out}"),
+         what="a decode step and a prefill eager vs CUDA graph; a fused add + RMSNorm"),
 )
 # --8<-- [end:steps]
 STEP_NAMES = tuple(step.name for step in STEPS)
