@@ -86,18 +86,21 @@ def gptq(w: np.ndarray, x: np.ndarray, scheme: Scheme, block: int = 128, damp: f
 
 
 AWQ_ALPHAS = tuple(i / 20 for i in range(21))
+AWQ_SEARCH_TOKENS = 2048
 
 
 def awq(w: np.ndarray, x: np.ndarray, scheme: Scheme, alphas=AWQ_ALPHAS) -> tuple[np.ndarray, float]:
     """AWQ's effective weights Q(W diag(s)) diag(s)^-1 at the best alpha, and that alpha."""
     mean_abs = np.mean(np.abs(x), axis=0)
     mean_abs = np.where(mean_abs > 0, mean_abs, 1e-8)
+    x = x[:AWQ_SEARCH_TOKENS]  # the search needs far fewer tokens than the statistics
+    y = x @ w.T
     best = None
     for alpha in alphas:
         s = mean_abs**alpha
         s = s / np.sqrt(s.max() * s.min())  # centre the scales so neither end leaves the grid's range
         w_hat = fake_quant(w * s, scheme) / s
-        err = output_error(x, w, w_hat)
+        err = rel_error(x @ w_hat.T, y)
         if best is None or err < best[0]:
             best = (err, alpha, w_hat)
     return best[2], best[1]
