@@ -136,11 +136,21 @@ def define_env(env):
         return f"[{text or found.q.title}]({rel_link(_page_uri(), found.src_uri)})"
 
     @env.macro
+    def modules_summary() -> str:
+        """How many modules have lessons, counted from the lessons (docs/.hooks/sections.py)."""
+        import sections
+
+        return sections.module_summary(_bank()).sentence
+
+    @env.macro
     def page_link(uri: str, text: str) -> str:
-        """A link to a hand-written page by its path under docs/, checked to exist."""
-        if not (ROOT / "docs" / uri).is_file():
-            raise MacroError(f"page_link('{uri}'): docs/{uri} does not exist")
-        return f"[{text}]({rel_link(_page_uri(), uri)})"
+        """A link to a hand-written page by its path under docs/ (and #anchor), checked to exist.
+
+        The anchor is checked by the strict build (validation.anchors)."""
+        path, _, anchor = uri.partition("#")
+        if not (ROOT / "docs" / path).is_file():
+            raise MacroError(f"page_link('{uri}'): docs/{path} does not exist")
+        return f"[{text}]({rel_link(_page_uri(), path)}{'#' + anchor if anchor else ''})"
 
     env.macro(lambda name: _specs().get_model(name), "model")
     env.macro(lambda name: _specs().get_gpu(name), "gpu")
@@ -352,9 +362,9 @@ def register_lab_reports(env) -> None:
 
 
 # --- plots and calculator (begin) ---
-# Figures drawn as inline SVG from the data files and lab results, and the
-# in-page KV-cache calculator. The drawing lives in docs/.hooks/plots.py; these
-# wrappers only pick the records and call it.
+# Figures drawn through matplotlib from the cost model and lab results, and the
+# in-page KV-cache calculator. The drawing lives in docs/.hooks/plots.py (on
+# docs/.hooks/plotting.py); these wrappers only check the names and call it.
 
 
 def register_plot_macros(env) -> None:
@@ -373,13 +383,24 @@ def register_plot_macros(env) -> None:
         except _specs().SpecError as err:
             raise MacroError(str(err)) from None
 
+    from labs import roofline
+
+    def _url() -> str:
+        return env.page.url
+
+    def _checked(fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (plots.PlotError, _specs().SpecError) as err:
+            raise MacroError(str(err)) from None
+
     @env.macro
     def roofline_svg(gpu: str, model: str = "llama-3.1-8b", context: int = 2048,
                      decode_batches=(1, 256), prefill_batches=(1, 8)) -> str:
-        """One GPU's roofline with a dense model's decode and prefill steps on it (derived)."""
-        m = _model(model)
-        return plots.roofline_figure(_gpu(gpu), m, context, decode_batches, prefill_batches,
-                                     formula.kv_bytes_per_token(m))
+        """One GPU's roofline with a dense model's decode and prefill steps on it (cost model, derived)."""
+        _model(model), _gpu(gpu)
+        return _checked(plots.roofline_figure, roofline, _url(), model, gpu, context, tuple(decode_batches),
+                        tuple(prefill_batches))
 
     @env.macro
     def rooflines(model: str = "llama-3.1-8b", context: int = 2048, heading: str = "###") -> str:
@@ -389,23 +410,24 @@ def register_plot_macros(env) -> None:
 
     @env.macro
     def kv_budget_plot(gpu: str = "h200", max_model_len: int = 8192, models: list[str] | None = None) -> str:
-        """Where one GPU's memory goes for each model (labs.kv_sizing.budget), at the smallest TP that fits."""
-        g = _gpu(gpu)
-        names = models or list(_specs().all_models())
-        specs = [_model(name) for name in names]
-        budgets = [plots.smallest_fitting_tp(memory_budget.budget, m, g, max_model_len) for m in specs]
-        return plots.kv_budget_figure(budgets, {m.name: m.display_name for m in specs}, g, max_model_len,
-                                      vllm_facts()["version"])
+        """Where one GPU's memory goes for each model (cost model kv_pool), at the smallest TP that fits."""
+        _gpu(gpu)
+        names = list(models or _specs().all_models())
+        for name in names:
+            _model(name)
+        return _checked(plots.kv_budget_figure, roofline, _url(), gpu, max_model_len, names,
+                        vllm_facts()["version"])
 
     @env.macro
     def paged_attention_plot(gpu: str, table: bool = True) -> str:
         """The named GPU's paged-kernel bandwidth per shape against its copy bandwidth (labs/results/)."""
-        return plots.paged_attention_figures(gpu, with_table=table)
+        return plots.paged_attention_figures(_url(), gpu, with_table=table)
 
     @env.macro
     def kv_calculator(model: str = "llama-3.1-8b", gpu: str = "h200", max_model_len: int = 8192) -> str:
         """The in-page KV-cache calculator, with the data files inlined for it."""
-        data = plots.calculator_data(_specs(), formula, memory_budget, vllm_facts()["version"])
+        facts = vllm_facts()
+        data = plots.calculator_data(_specs(), formula, memory_budget, facts["version"], facts)
         return plots.calculator_html(data, model, gpu, max_model_len)
 
 

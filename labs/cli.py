@@ -263,7 +263,7 @@ def output_dir(text: str) -> Path:
             break
         probe = probe.parent
     if probe.exists() and not probe.is_dir():
-        raise argparse.ArgumentTypeError(f"{text}: {probe} is a file, so no folder can be made under it")
+        raise argparse.ArgumentTypeError(f"{text}: cannot write there: {probe} is a file, not a folder")
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=probe))
     except OSError as exc:

@@ -14,11 +14,12 @@ numpy only: tests/test_number_formats.py checks these roundings against torch.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 
 import numpy as np
+
+from labs import cli
 
 
 @dataclass(frozen=True)
@@ -81,17 +82,21 @@ FORMATS = (
     IntFormat("int8", 8),
     IntFormat("int4", 4),
 )
+MAX_VALUES = 1000  # one table row each
 DEFAULT_VALUES = (1.001, 0.1, 3.14159, 300.0, 1000.0, 70000.0)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m labs.number_formats", description=__doc__.split("\n\n")[0])
-    p.add_argument("--values", type=float, nargs="+", default=DEFAULT_VALUES, metavar="X",
-                   help="values to round, all treated as one tensor (default: %(default)s)")
+    p = cli.Parser(prog="python -m labs.number_formats", description=__doc__.split("\n\n")[0])
+    p.add_argument("--values", type=cli.finite_float(), nargs="+", default=DEFAULT_VALUES, metavar="X",
+                   help=f"up to {MAX_VALUES} finite values to round, all treated as one tensor, not all zero "
+                        "(default: %(default)s)")
     args = p.parse_args(argv)
+    if len(args.values) > MAX_VALUES:
+        cli.reject(p, "--values", f"at most {MAX_VALUES} values, got {len(args.values)}")
+    if not any(args.values):
+        cli.reject(p, "--values", "not all zero: the integer formats' scale is amax / qmax")
     values = np.array(args.values, dtype=np.float64)
-    if not np.all(np.isfinite(values)) or not np.any(values):
-        p.error("--values must be finite and not all zero")
 
     print(f"{'format':<10} {'bits s/e/m':>10} {'max':>12} {'min normal':>12} {'step after 1':>13}")
     for f in FORMATS:

@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labs import cli
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Exit codes (module docstring).
@@ -205,18 +207,20 @@ def _table(records: list[dict]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = cli.Parser(
         prog="python -m labs.run_all",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Steps, in order:\n" + "\n".join(f"  {s.name:<24} {s.what}" for s in STEPS),
     )
-    p.add_argument("--out", type=Path, metavar="DIR",
+    p.add_argument("--out", type=cli.output_dir, metavar="DIR",
                    help="folder for logs, benchmark files and summary.json; created if missing (required unless --list)")
     p.add_argument("--only", action="append", choices=STEP_NAMES, metavar="STEP",
                    help=f"run only this step; repeat for several (one of: {', '.join(STEP_NAMES)})")
-    p.add_argument("--timeout", type=float, default=1800.0, metavar="SECONDS",
-                   help="wall-clock limit per step; a step past it is killed and counted as failed (default: %(default)s)")
+    p.add_argument("--timeout", type=cli.finite_float(0.0, 86400.0, lo_open=True, unit="seconds"),
+                   default=1800.0, metavar="SECONDS",
+                   help="wall-clock limit per step, at most a day; a step past it is killed and counted as failed "
+                        "(default: %(default)s)")
     p.add_argument("--overwrite", action="store_true",
                    help="allow --out to be a folder that already has files in it (they are overwritten)")
     p.add_argument("--list", action="store_true",
@@ -242,11 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.out is None:
         return _fail("--out DIR is required (the folder the logs and results go to)")
-    if args.timeout <= 0:
-        return _fail(f"--timeout must be a positive number of seconds, got {args.timeout}")
     out: Path = args.out.resolve()
-    if out.exists() and not out.is_dir():
-        return _fail(f"--out {args.out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         return _fail(f"--out {args.out} is not empty; pass --overwrite or choose a new folder")
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from labs import datafile
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 MODELS_FILE = DATA_DIR / "models.yaml"
@@ -97,6 +97,23 @@ class SlidingWindow:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """config.json's `rope_scaling` for Llama 3's frequency scaling (rope_type llama3)."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self):
+        if self.rope_type != "llama3":
+            raise SpecError(f"rope_scaling.rope_type must be 'llama3' (the only scaling modelled), got {self.rope_type!r}")
+        if min(self.factor, self.low_freq_factor, self.high_freq_factor, self.original_max_position_embeddings) <= 0:
+            raise SpecError("rope_scaling values must be positive")
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     display_name: str
@@ -120,6 +137,10 @@ class ModelSpec:
     mla: MLA | None = None
     moe: MoE | None = None
     sliding_window: SlidingWindow | None = None
+    # RoPE and norm constants, for models the engine lab runs (labs/engine/config.py).
+    rms_norm_eps: float | None = None
+    rope_theta: float | None = None
+    rope_scaling: RopeScaling | None = None
     derived: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -154,11 +175,6 @@ class ModelSpec:
         if self.mla is not None:
             return "mla"
         return "mha" if self.n_kv_heads == self.n_heads else "gqa"
-
-    @property
-    def gqa_group(self) -> int:
-        """Query heads per KV head: 1 for MHA, n_heads for MQA (MLA: every head reads the one latent)."""
-        return self.n_heads if self.mla is not None else self.n_heads // self.n_kv_heads
 
     @property
     def layer_kinds(self) -> tuple[str, ...]:
@@ -295,53 +311,35 @@ def _require(mapping: dict, key: str, where: str) -> Any:
     return mapping[key]
 
 
-def _model_from_entry(name: str, entry: dict, where: str) -> ModelSpec:
-    required = ("display_name", "hf_id", "source", "n_layers", "hidden_size", "n_heads",
-                "n_kv_heads", "head_dim", "vocab_size", "intermediate_size", "dtype",
-                "max_position_embeddings")
-    values = {k: _require(entry, k, where) for k in required}
-    mla = MLA(**entry["mla"]) if entry.get("mla") else None
-    moe = MoE(**entry["moe"]) if entry.get("moe") else None
-    sw = entry.get("sliding_window")
-    sliding = SlidingWindow(window=_require(sw, "window", f"{where}.sliding_window"),
-                            layer_pattern=tuple(_require(sw, "layer_pattern", f"{where}.sliding_window"))) if sw else None
+def _entries(path: str, section: str, record: type) -> dict:
+    """Every entry of `section` in a data file as a `record`, checked field by field.
+
+    An unknown key is an error, not a value silently dropped: `tie_word_embedings: true`
+    would otherwise read as tie_word_embeddings = false. Errors read `file:line: field: message`.
+    """
+    shown = Path(path).name if Path(path).parent == DATA_DIR else path
     try:
-        return ModelSpec(
-            name=name, **values,
-            tie_word_embeddings=bool(entry.get("tie_word_embeddings", False)),
-            qkv_bias=bool(entry.get("qkv_bias", False)),
-            weight_dtype=entry.get("weight_dtype"),
-            params_total=entry.get("params_total"),
-            params_active=entry.get("params_active"),
-            params_source=entry.get("params_source", ""),
-            mla=mla, moe=moe, sliding_window=sliding,
-            derived=tuple(entry.get("derived") or ()),
-        )
-    except TypeError as exc:  # an unknown key inside mla/moe
-        raise SpecError(f"{where}: {exc}") from None
+        doc = datafile.load(path, f"labs/data/{shown}" if Path(path).parent == DATA_DIR else shown)
+        if not isinstance(doc.data, dict) or set(doc.data) != {section}:
+            found = sorted(map(str, doc.data)) if isinstance(doc.data, dict) else type(doc.data).__name__
+            raise doc.error((), f"expected one top-level key '{section}', found {found}")
+        entries = doc.data[section]
+        if not isinstance(entries, dict) or not entries:
+            raise doc.error((section,), "expected a mapping of names to entries")
+        return {name: datafile.build(record, entry, doc, (section, name), name=str(name))
+                for name, entry in entries.items()}
+    except datafile.DataError as exc:
+        raise SpecError(str(exc)) from None
 
 
 @functools.lru_cache(maxsize=None)
 def _load_models(path: str = str(MODELS_FILE)) -> dict[str, ModelSpec]:
-    raw = yaml.safe_load(Path(path).read_text())
-    entries = _require(raw or {}, "models", path)
-    return {name: _model_from_entry(name, entry, f"{Path(path).name}:{name}") for name, entry in entries.items()}
+    return _entries(path, "models", ModelSpec)
 
 
 @functools.lru_cache(maxsize=None)
 def _load_gpus(path: str = str(GPUS_FILE)) -> dict[str, GPUSpec]:
-    raw = yaml.safe_load(Path(path).read_text())
-    entries = _require(raw or {}, "gpus", path)
-    out = {}
-    for name, entry in entries.items():
-        where = f"{Path(path).name}:{name}"
-        required = ("display_name", "source", "memory_type", "memory_gb_marketed", "memory_mib_reported",
-                    "hbm_bandwidth_tbps", "dense_tflops", "sm_count", "provenance")
-        values = {k: _require(entry, k, where) for k in required}
-        out[name] = GPUSpec(name=name, **values, l2_mb=entry.get("l2_mb"), nvlink_gbps=entry.get("nvlink_gbps"),
-                            whitepaper=entry.get("whitepaper", ""), notes=entry.get("notes", ""),
-                            memory_mib_cuda=entry.get("memory_mib_cuda"), cuda_name=entry.get("cuda_name"))
-    return out
+    return _entries(path, "gpus", GPUSpec)
 
 
 def all_models() -> dict[str, ModelSpec]:
@@ -399,6 +397,14 @@ def _layer_pattern_from_hf(cfg: dict, n_layers: int, where: str) -> SlidingWindo
     return SlidingWindow(window=int(window), layer_pattern=("sliding",))
 
 
+_HF_INT_FIELDS = frozenset({
+    "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+    "intermediate_size", "max_position_embeddings", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim",
+    "v_head_dim", "q_lora_rank", "num_local_experts", "n_routed_experts", "num_experts", "num_experts_per_tok",
+    "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace", "sliding_window", "sliding_window_pattern",
+})
+
+
 def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec:
     """Build a ModelSpec from a local Hugging Face config.json.
 
@@ -409,19 +415,43 @@ def model_from_hf_config(path: str | Path, name: str | None = None) -> ModelSpec
     path = Path(path)
     where = str(path)
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SpecError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise SpecError(f"{where}: is a folder; give the path of its config.json") from None
+    except OSError as exc:
+        raise SpecError(f"{where}: cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{where}: not UTF-8 text, so not a config.json") from None
     except json.JSONDecodeError as exc:
         raise SpecError(f"{where}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:
+        raise SpecError(f"{where}: nested too deeply to be a config.json") from None
     if not isinstance(cfg, dict):
         raise SpecError(f"{where}: expected a JSON object at the top level")
     if isinstance(cfg.get("text_config"), dict):
         cfg = {**{k: v for k, v in cfg.items() if k != "text_config"}, **cfg["text_config"]}
+    try:
+        return _model_from_hf_dict(cfg, path, where, name)
+    except SpecError:
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:  # a field of an unexpected shape
+        raise SpecError(f"{where}: a field has an unexpected type or shape ({type(exc).__name__}: {exc})") from None
 
+
+def _model_from_hf_dict(cfg: dict, path: Path, where: str, name: str | None) -> ModelSpec:
+
+    # A config.json is someone else's file: its numbers are checked before any arithmetic on them.
+    for key, value in cfg.items():
+        if key in _HF_INT_FIELDS and value is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise SpecError(f"{where}: field {key!r} must be a non-negative integer, got {value!r}")
     n_layers = _require(cfg, "num_hidden_layers", where)
     hidden = _require(cfg, "hidden_size", where)
     n_heads = _require(cfg, "num_attention_heads", where)
+    if not n_heads:
+        raise SpecError(f"{where}: num_attention_heads must be at least 1")
     n_kv = cfg.get("num_key_value_heads") or n_heads
     derived = []
     if "num_key_value_heads" not in cfg:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import difflib
 import functools
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Union
 
-import yaml
+from labs import datafile
 
 FACTS_FILE = Path(__file__).resolve().parent / "data" / "vllm.yaml"
 
@@ -75,12 +76,163 @@ class FactError(KeyError):
 # ---------------------------------------------------------------------------
 
 
+# ---------------------------------------------------------------------------
+# The file's shape. Loading checks every entry against these records, so a typo'd
+# key or a number where text belongs (`version: 0.33` reads as a float) fails with
+# its line; lookups then read the plain mapping.
+# ---------------------------------------------------------------------------
+
+Scalar = Union[bool, int, datafile.FLOAT_OR_INF, str, None]
+
+
+@dataclass(frozen=True)
+class _Arg:
+    flag: str
+    default: Scalar
+    meaning: str
+    source: str
+    aliases: tuple[str, ...] = ()
+    hidden_aliases: tuple[str, ...] = ()
+    abbreviations: tuple[str, ...] = ()
+    cli_default: Scalar = None
+    config: str | None = None
+    config_default: Scalar = None
+    llm_default: Scalar = None
+    choices: tuple[Scalar, ...] = ()
+    resolved: Scalar = None
+    resolved_for: dict[str, str] | None = None
+    resolved_how: str | None = None
+
+    def __post_init__(self):
+        if not self.flag.startswith("--"):
+            raise ValueError(f"flag must start with '--', got {self.flag!r}")
+
+
+@dataclass(frozen=True)
+class _Limits:
+    max_num_batched_tokens: int
+    max_num_seqs: int
+
+
+@dataclass(frozen=True)
+class _Tier:
+    min_memory_gib: float
+    OPENAI_API_SERVER: _Limits
+    LLM_CLASS: _Limits
+    exclude_device_names: tuple[str, ...] = ()
+    exclude_capabilities: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class _BatchDefaults:
+    source: str
+    tiers: tuple[_Tier, ...]
+    fallback: _Limits
+
+
+@dataclass(frozen=True)
+class _BenchFlag:
+    default: Scalar
+    meaning: str
+
+
+@dataclass(frozen=True)
+class _Bench:
+    module: str
+    source: str
+    flags: dict[str, _BenchFlag]
+    engine_flags: bool = False
+    builder: str | None = None
+
+
+@dataclass(frozen=True)
+class _Metric:
+    type: Literal["counter", "gauge", "histogram"]
+    meaning: str
+    source: str
+    labels: tuple[str, ...] | None = None
+    when: str | None = None
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    methods: tuple[Literal["GET", "POST", "PUT", "DELETE", "PATCH"], ...]
+    api_key: bool
+    meaning: str
+    source: str
+    requires: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class _Prefixes:
+    prefixes: tuple[str, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class _EnvVar:
+    default: Scalar
+    meaning: str
+    source: str
+
+
+@dataclass(frozen=True)
+class _RequestClass:
+    module: str
+    source: str
+
+
+@dataclass(frozen=True)
+class _RequestField:
+    defaults: dict[str, Union[Scalar, tuple[Scalar, ...]]]  # a list default: `stop` is []
+    meaning: str
+
+
+@dataclass(frozen=True)
+class _Named:
+    meaning: str
+    source: str
+
+
+@dataclass(frozen=True)
+class _Removed:
+    kind: str
+    note: str
+    replaced_by: str
+    evidence: str
+    removed_in: str | None = None
+    python_name: str | None = None
+
+
+@dataclass(frozen=True)
+class _FactsFile:
+    version: str
+    engine: str
+    engine_args: dict[str, _Arg]
+    server_args: dict[str, _Arg]
+    bench_args: dict[str, _Bench]
+    batch_defaults: _BatchDefaults
+    metrics: dict[str, _Metric]
+    endpoints: dict[str, _Endpoint]
+    api_key_prefixes: _Prefixes
+    env_vars: dict[str, _EnvVar]
+    request_classes: dict[str, _RequestClass]
+    request_fields: dict[str, _RequestField]
+    speculative_methods: dict[str, _Named]
+    quantization_methods: dict[str, _Named]
+    structured_output_backends: dict[str, _Named]
+    removed: dict[str, _Removed]
+
+
 @functools.lru_cache(maxsize=4)
 def _load_cached(path: str, mtime_ns: int) -> dict[str, Any]:
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(data, dict) or "version" not in data:
-        raise FactError(f"{path}: not a vLLM facts file (no 'version' key)")
-    return data
+    shown = "labs/data/vllm.yaml" if Path(path) == FACTS_FILE else path
+    try:
+        doc = datafile.load(path, shown)
+        datafile.build(_FactsFile, doc.data, doc)
+    except datafile.DataError as exc:
+        raise FactError(str(exc)) from None
+    return doc.data
 
 
 def load(path: str | Path = FACTS_FILE) -> dict[str, Any]:

@@ -117,7 +117,8 @@ def copy_site(dest: Path) -> Path:
         if (ROOT / "docs" / uri).is_file():
             stub = dest / "docs" / uri
             stub.parent.mkdir(parents=True, exist_ok=True)
-            stub.write_text(f"# {Path(uri).stem}\n", encoding="utf-8")
+            # A description, as every page a section index lists needs one.
+            stub.write_text(f"---\ndescription: Stub of {uri}.\n---\n# {Path(uri).stem}\n", encoding="utf-8")
     for rel in GENERATED_FROM_DATA:
         shutil.copy2(ROOT / rel, dest / rel)
     (dest / "questions").mkdir(exist_ok=True)

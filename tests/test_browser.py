@@ -187,7 +187,7 @@ def _question_with_lesson(bank) -> bank_lib.BankQuestion:
 
 def _plain(html_text: str) -> str:
     """What a reader reads: no tags, no TeX source, no code; a removed piece breaks the phrase there."""
-    text = re.sub(r"<code>.*?</code>|\\\(.*?\\\)|\\\[.*?\\\]", " | ", html_text, flags=re.S)
+    text = re.sub(r"<code[^>]*>.*?</code>|\\\(.*?\\\)|\\\[.*?\\\]", " | ", html_text, flags=re.S)
     return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", text)))
 
 
@@ -288,10 +288,12 @@ def test_lesson_to_question_and_back_by_clicking(page, base_url, bank):
     assert links.count() >= 1, "the lesson's Interview links do not list the question"
     page.evaluate("window.sameDocument = true")  # instant navigation keeps it; a full load would not
     links.first.click()
-    page.wait_for_url(base_url + _url_of(bq.src_uri))
+    # navigation.tracking writes the section in view into the URL's #fragment, and instant
+    # navigation can carry one over: the page, not the fragment, is what must match.
+    page.wait_for_url(re.compile(re.escape(base_url + _url_of(bq.src_uri)) + r"(#.*)?$"))
     expect(heading(page)).to_contain_text(bq.q.title)
     page.locator(".bank-meta a", has_text=lesson.meta.title).first.click()
-    page.wait_for_url(base_url + _url_of(lesson.src_uri))
+    page.wait_for_url(re.compile(re.escape(base_url + _url_of(lesson.src_uri)) + r"(#.*)?$"))
     expect(heading(page)).to_contain_text(lesson.meta.title)
     assert page.evaluate("window.sameDocument === true"), "the clicks were full page loads, not instant navigation"
 
@@ -416,6 +418,8 @@ FILL_FORM = """(form, values) => {
 
 
 def test_calculator_matches_the_python_lab(page, base_url):
+    from labs import specs
+
     page.goto(base_url + "labs/kv-sizing/")
     calc = page.locator("[data-kv-calculator]")
     form = calc.locator("form")
@@ -425,6 +429,11 @@ def test_calculator_matches_the_python_lab(page, base_url):
         # Through the form: set its fields, fire the event a reader's edit fires, read what the page computed.
         values = {k: "" if v is None else str(v) for k, v in case.items()}
         got = form.evaluate(FILL_FORM, values)
+        if case["max_model_len"] > specs.get_model(case["model"]).max_position_embeddings:
+            # vLLM refuses a context past the model's positions before it sizes anything.
+            if not (got.get("invalid") and "User-specified max_model_len" in (got.get("vllm_error") or "")):
+                mismatches.append(f"{case}: past max_position_embeddings, the page computed {got}")
+            continue
         try:
             want = _python_budget(case["model"], case["gpu"], case)
         except ValueError as err:  # an input the lab refuses (TP the heads do not divide)
@@ -461,6 +470,84 @@ def test_calculator_matches_the_python_lab(page, base_url):
     shot(page, "calculator")
 
 
+def _calculator_text(page) -> str:
+    """What the results say, without vLLM's quoted error (vLLM prints its numbers bare)."""
+    return page.locator(".kv-calculator__results").evaluate(
+        "el => [...el.children].filter(c => !c.matches('pre')).map(c => c.innerText).join(' ')")
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_calculator_caps_the_context_speaks_plainly_and_keeps_its_state(page, base_url, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(base_url + "labs/kv-sizing/")
+    # A link at the top of the page, in the first screen, takes the reader to it.
+    top = page.locator("a.kv-calculator-link")
+    assert top.bounding_box()["y"] < 900, "the calculator link is not in the first screen"
+    top.click()
+    calc = page.locator("[data-kv-calculator]")
+    expect(calc).to_be_in_viewport()
+    form = calc.locator("form")
+
+    # Past the model's positions: vLLM's own refusal, and the variable that lifts it.
+    form.locator("select[name=model]").select_option("llama-3.1-8b")
+    form.locator("input[name=max_model_len]").fill("500000")
+    error = page.locator(".kv-calculator__verdict--error")
+    expect(error).to_contain_text("131,072")
+    expect(error).to_contain_text("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    expect(page.locator(".kv-calculator__vllm-error")).to_have_text(re.compile(
+        r"^ValueError: User-specified max_model_len \(500000\) is greater than the derived max_model_len "
+        r"\(max_position_embeddings=131072 "))
+    form.locator("select[name=model]").select_option("gemma-2-9b")
+    form.locator("input[name=max_model_len]").fill("131072")
+    expect(error).to_contain_text("8,192 positions")
+    assert page.locator(".kv-calculator__cards").count() == 0, "a refused context still shows results"
+    shot(page, f"calculator-refused-{width}")
+
+    # One request is "1 request"; every number of four digits or more has separators.
+    form.locator("input[name=max_model_len]").fill("8192")
+    form.locator("input[name=max_num_seqs]").fill("1")
+    verdict = page.locator(".kv-calculator__verdict")
+    expect(verdict).to_contain_text("A batch of 1 request at 8,192 tokens fits")
+    for model, length in (("gemma-2-9b", "8192"), ("deepseek-v3", "163840"), ("llama-3.1-70b", "131072")):
+        form.locator("select[name=model]").select_option(model)
+        form.locator("input[name=max_model_len]").fill(length)
+        text = _calculator_text(page)
+        assert not re.search(r"\b\d+ (requests?|blocks?|tokens?|runs?) ", text.replace("1 request", "")) or \
+            not re.search(r"\b1 (requests|blocks|tokens)\b", text), text
+        assert not re.search(r"(?<![\d.,])\d{4,}(?![\d,])", text), f"{model}: a number without separators: {text}"
+    assert not page.evaluate("document.documentElement.scrollWidth > window.innerWidth"), "the page scrolls sideways"
+
+    # The inputs live in the address: leave, come Back, and they are there.
+    form.locator("select[name=model]").select_option("qwen3-8b")
+    form.locator("input[name=max_model_len]").fill("32768")
+    form.locator("select[name=kv_cache_dtype]").select_option("fp8")
+    page.wait_for_function("location.search.includes('max_model_len=32768')")
+    assert "model=qwen3-8b" in page.url and "kv_cache_dtype=fp8" in page.url
+    page.evaluate(NAVIGATE, base_url + "labs/")
+    page.wait_for_url(base_url + "labs/")
+    page.go_back()
+    page.wait_for_url(re.compile(r"labs/kv-sizing/\?"))
+    expect(page.locator("[data-kv-calculator] select[name=model]")).to_have_value("qwen3-8b")
+    expect(page.locator("[data-kv-calculator] input[name=max_model_len]")).to_have_value("32768")
+    expect(page.locator("[data-kv-calculator] select[name=kv_cache_dtype]")).to_have_value("fp8")
+    # A shared link opens with the same inputs.
+    page.goto(base_url + "labs/kv-sizing/?model=mistral-7b&max_model_len=16384&gpu=nonsense")
+    expect(page.locator("[data-kv-calculator] select[name=model]")).to_have_value("mistral-7b")
+    expect(page.locator("[data-kv-calculator] select[name=gpu]")).to_have_value("h200")
+    expect(page.locator(".kv-calculator__cards")).to_be_visible()
+
+
+def test_vram_budget_lesson_links_the_calculator(page, base_url):
+    page.goto(base_url + "lessons/part-2/vram-budget-max-concurrency/")
+    link = page.locator('article a[href$="labs/kv-sizing/#calculator"]')
+    assert link.count() >= 1
+    link.first.scroll_into_view_if_needed()
+    page.wait_for_timeout(500)  # as a reader does: a click during the first scroll lands where the old page was
+    link.first.click()
+    page.wait_for_url(re.compile(r"labs/kv-sizing/#calculator$"))
+    expect(page.locator("[data-kv-calculator]")).to_be_in_viewport()
+
+
 def test_calculator_rejects_bad_input_with_a_message(page, base_url):
     page.goto(base_url + "labs/kv-sizing/")
     form = page.locator("[data-kv-calculator] form")
@@ -472,17 +559,234 @@ def test_calculator_rejects_bad_input_with_a_message(page, base_url):
     assert "not divisible by tensor parallel size 8" in page.locator(".kv-calculator__verdict--error").inner_text()
 
 
-def test_plots_follow_the_colour_scheme(page, base_url):
+@pytest.mark.parametrize("width", [1280, 390])
+def test_plots_follow_the_colour_scheme(page, base_url, width):
+    """One matplotlib SVG per scheme: Material shows the light one in light mode and the dark one in dark."""
+    page.set_viewport_size({"width": width, "height": 900})
     page.goto(base_url + "reference/rooflines/")
-    roofs = page.locator("svg.plot--roofline")
-    assert roofs.count() >= 2, "one roofline per GPU"
-    light = roofs.first.locator("text").first.evaluate("e => getComputedStyle(e).fill")
+    figure = page.locator("figure.plot-figure").first
+    light, dark = figure.locator('img[src$="#only-light"]'), figure.locator('img[src$="#only-dark"]')
+    assert page.locator("figure.plot-figure").count() >= 5, "one roofline per GPU"
+    figure.scroll_into_view_if_needed()
+    expect(light).to_be_visible()
+    expect(dark).to_be_hidden()
+    assert light.evaluate("img => img.complete && img.naturalWidth > 0"), "the light SVG did not load"
+    shot(page, f"roofline-light-{width}")
     page.locator("form[data-md-component=palette] label:visible").first.click()
-    page.wait_for_timeout(200)
-    dark = roofs.first.locator("text").first.evaluate("e => getComputedStyle(e).fill")
-    assert light != dark, "plot text keeps one colour in light and dark mode"
-    roofs.first.scroll_into_view_if_needed()
-    roofs.first.screenshot(path=str(SCREENSHOTS / "roofline-dark.png"))
+    expect(dark).to_be_visible()
+    expect(light).to_be_hidden()
+    page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=dark.element_handle())
+    figure.scroll_into_view_if_needed()
+    shot(page, f"roofline-dark-{width}")
+
+
+# The smallest on-screen text of every diagram and plot on the page: a diagram's
+# text in its (open) shadow root, scaled from its viewBox to its drawn width; a
+# plot's text read from its SVG file, scaled the same way from the <img>'s width.
+MEASURE_TEXT = """async () => {
+  const out = [];
+  const smallest = (root, scale) => {
+    let min = Infinity, text = "";
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const el = node.parentElement;
+      if (!node.textContent.trim() || !el || el.closest("style, title, desc")) continue;
+      const box = el.getBoundingClientRect();
+      if (!box.width && !box.height) continue;
+      const px = parseFloat(getComputedStyle(el).fontSize) * scale;
+      if (px < min) { min = px; text = node.textContent.trim().slice(0, 40); }
+    }
+    return { min, text };
+  };
+  document.querySelectorAll("div.mermaid").forEach((host, i) => {
+    const svg = host.shadowRoot && host.shadowRoot.querySelector("svg");
+    if (!svg) { out.push({ kind: "diagram", i, min: 0, text: "(no open shadow root to measure)" }); return; }
+    const scale = svg.getBoundingClientRect().width / svg.viewBox.baseVal.width;
+    out.push({ kind: "diagram", i, ...smallest(svg, scale), scrolls: host.scrollWidth > host.clientWidth + 1,
+               cue: !!(host.previousElementSibling && host.previousElementSibling.matches(".scroll-cue--shown")) });
+  });
+  for (const [i, img] of [...document.querySelectorAll("img.plot-img")].entries()) {
+    const width = img.getBoundingClientRect().width;
+    if (!width) continue;  // the other scheme's variant
+    const doc = new DOMParser().parseFromString(await (await fetch(img.src)).text(), "image/svg+xml");
+    const scale = width / Number(doc.documentElement.getAttribute("viewBox").split(/\\s+/)[2]);
+    let min = Infinity, text = "";
+    doc.querySelectorAll("text").forEach(t => {
+      const size = parseFloat((/font-size:\\s*([\\d.]+)px/.exec(t.getAttribute("style") || "") || [])[1]);
+      if (size * scale < min) { min = size * scale; text = t.textContent.trim().slice(0, 40); }
+    });
+    const frame = img.parentElement;
+    out.push({ kind: "plot", i, name: img.dataset.plot, min, text, scrolls: frame.scrollWidth > frame.clientWidth + 1,
+               cue: !!(frame.previousElementSibling && frame.previousElementSibling.matches(".scroll-cue--shown")) });
+  }
+  return out;
+}"""
+MIN_TEXT_PX = 11
+
+
+def _pages_with_figures(site: Path) -> list[str]:
+    pages = []
+    for path in sorted(site.rglob("index.html")):
+        text = path.read_text(encoding="utf-8")
+        if 'class="mermaid"' in text or 'class="plot-img"' in text:
+            rel = path.parent.relative_to(site).as_posix()
+            pages.append("" if rel == "." else rel + "/")
+    return pages
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_no_text_in_a_diagram_or_plot_renders_below_11_px(page, base_url, site, width):
+    """Every diagram and plot on every page, as drawn: its smallest text at least 11 px on screen.
+
+    Where a figure would have to shrink further to fit, it keeps its size and
+    scrolls, and the page says so above it.
+    """
+    page.set_viewport_size({"width": width, "height": 900})
+    small, unmarked, measured = [], [], 0
+    for url in _pages_with_figures(site):
+        page.goto(base_url + url)
+        page.wait_for_function("document.querySelectorAll('pre.mermaid').length === 0")
+        page.wait_for_function("[...document.querySelectorAll('img.plot-img')].every(i => i.complete)")
+        page.evaluate("window.scrollCue.checkAll()")
+        page.wait_for_timeout(50)
+        for fig in page.evaluate(MEASURE_TEXT):
+            measured += 1
+            if fig["min"] < MIN_TEXT_PX:
+                small.append(f"{url} {fig['kind']} {fig.get('name', fig['i'])}: {fig['min']:.1f} px ({fig['text']!r})")
+            if fig["scrolls"] and not fig["cue"]:
+                unmarked.append(f"{url} {fig['kind']} {fig.get('name', fig['i'])} scrolls with no cue")
+        assert not page.evaluate("document.documentElement.scrollWidth > window.innerWidth"), \
+            f"{url} scrolls sideways at {width} px"
+    assert measured >= 10, f"only {measured} figures measured"
+    assert not small, f"text below {MIN_TEXT_PX} px at {width} px wide:\n" + "\n".join(small)
+    assert not unmarked, "\n".join(unmarked)
+    page.goto(base_url + "lessons/part-0/kv-cache-throughput-ceiling/")
+    page.wait_for_function("document.querySelectorAll('pre.mermaid').length === 0")
+    page.locator("div.mermaid").first.scroll_into_view_if_needed()
+    shot(page, f"diagram-{width}")
+
+
+def _page_with_widest_equation(site: Path) -> str:
+    """The page whose longest display equation (by TeX source) is the longest on the site."""
+    best = (0, "")
+    for path in sorted(site.rglob("index.html")):
+        for tex in re.findall(r'<div class="arithmatex">(.*?)</div>', path.read_text(encoding="utf-8"), re.S):
+            rel = path.parent.relative_to(site).as_posix()
+            best = max(best, (len(tex), "" if rel == "." else rel + "/"))
+    assert best[0], "no display equation on the site"
+    return best[1]
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_wide_equations_and_tables_scroll_inside_their_frame_with_a_cue(page, base_url, site, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(base_url + _page_with_widest_equation(site))
+    page.wait_for_function("[...document.querySelectorAll('.arithmatex')].every(e => e.dataset.typeset)")
+    page.evaluate("window.scrollCue.checkAll()")
+    page.wait_for_timeout(50)
+    frames = page.locator("div.arithmatex, .md-typeset__scrollwrap").evaluate_all("""els => els.map(e => ({
+        over: e.scrollWidth > e.clientWidth + 1, overflowX: getComputedStyle(e).overflowX,
+        cue: !!(e.previousElementSibling && e.previousElementSibling.matches('.scroll-cue--shown'))}))""")
+    assert frames
+    assert all(f["overflowX"] in ("auto", "scroll") for f in frames), frames
+    assert all(f["cue"] for f in frames if f["over"]), "a frame scrolls with no cue"
+    assert not page.evaluate("document.documentElement.scrollWidth > window.innerWidth"), "the page scrolls sideways"
+    if width == 390:
+        assert any(f["over"] for f in frames), "nothing wider than a phone here: the cue went untested"
+        cue = page.locator(".scroll-cue--shown").first
+        cue.scroll_into_view_if_needed()
+        expect(cue).to_be_visible()
+    shot(page, f"equations-and-tables-{width}")
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_results_table_fits_and_file_names_stay_whole(page, base_url, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    page.goto(base_url + "labs/paged-attention/")
+    compact = page.locator("#measured-results ~ .md-typeset__scrollwrap").first
+    compact.scroll_into_view_if_needed()
+    headers = compact.locator("th").all_inner_texts()
+    assert "Time ÷ SDPA" in headers and "Of copy" in headers and "Floor (µs)" in headers
+    if width == 1280:
+        assert compact.evaluate("e => e.scrollWidth <= e.clientWidth + 1"), "the compact results table does not fit"
+    full = page.locator("details", has_text="Every column").first
+    full.locator("summary").click()
+    expect(full.locator("table")).to_be_visible()
+    assert full.locator("thead th").count() == 11
+    shot(page, f"paged-attention-table-{width}")
+    broken = []
+    for url in ("labs/kv-sizing/", "labs/paged-attention/"):
+        page.goto(base_url + url)
+        broken += page.locator("article table td code").evaluate_all("""els => els
+            .filter(e => !/\\s/.test(e.textContent.trim()) && e.getClientRects().length > 1)
+            .map(e => e.textContent)""")
+    assert not broken, f"names broken across lines at {width} px: {broken}"
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_section_indexes_are_cards_and_counts_are_honest(page, base_url, bank, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    for url, at_least in (("labs/", 3), ("reference/", 4), ("lessons/part-0/", 3)):
+        page.goto(base_url + url)
+        cards = page.locator(".section-cards > ul > li")
+        assert cards.count() >= at_least, f"{url}: {cards.count()} cards"
+        for i in range(cards.count()):
+            card = cards.nth(i)
+            expect(card.locator("a").first).to_be_visible()
+            assert len(card.inner_text().split()) >= 6, f"{url}: card {i} has no line about its page"
+        assert not page.evaluate("document.documentElement.scrollWidth > window.innerWidth"), url
+        shot(page, f"index-{url.strip('/').replace('/', '-')}-{width}")
+    written = [m for m in bank.modules if bank.lessons_of(m.part)]
+    for url in ("", "lessons/", "404.html"):
+        page.goto(base_url + url)
+        text = page.locator("article").inner_text()
+        if len(written) < len(bank.modules):
+            assert "Nine modules" not in text and "planned" in text, url
+    page.goto(base_url + "labs/")
+    page.locator(".section-cards a").first.click()
+    expect(heading(page)).to_contain_text("Lab")
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_interview_links_come_before_sources(page, base_url, bank, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    lesson = next(lesson for lesson in bank.lessons.values() if lesson.meta.sources and bank.links.get(lesson.id))
+    page.goto(base_url + _url_of(lesson.src_uri))
+    links, sources = page.locator("#interview-links"), page.locator("#sources")
+    assert links.bounding_box()["y"] < sources.bounding_box()["y"]
+    links.scroll_into_view_if_needed()
+    shot(page, f"interview-links-{width}")
+
+
+SEARCHES = [
+    # (query as typed, what each of the first results holds: the name as written, or its other spelling)
+    ("--max-num-seqs", ("--max-num-seqs", "max_num_seqs")),
+    ("vllm:num_requests_waiting", ("vllm:num_requests_waiting",)),
+    ("max_num_batched_tokens", ("max_num_batched_tokens", "--max-num-batched-tokens")),
+]
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_search_finds_flags_metrics_and_fields(page, base_url, width):
+    page.set_viewport_size({"width": width, "height": 900})
+    warnings = []
+    page.on("console", lambda msg: msg.type == "warning" and warnings.append(msg.text))
+    for query, spellings in SEARCHES:
+        page.goto(base_url)
+        page.keyboard.press("/")
+        box = page.locator("input.md-search__input")
+        box.press_sequentially(query, delay=10)  # every prefix is searched as it is typed
+        results = page.locator(".md-search-result__list > li > a")
+        results.first.wait_for(state="visible")
+        page.wait_for_function("q => document.querySelector('.md-search-result__meta').textContent.match(/\\d/)",
+                               arg=query)
+        hrefs = results.evaluate_all("links => links.slice(0, 3).map(a => a.href.split('?')[0].split('#')[0])")
+        for href in hrefs:
+            text = html.unescape(page.request.get(href).text())
+            assert any(s in text for s in spellings), f"{query!r}: result {href} holds none of {spellings}"
+        if query == SEARCHES[0][0]:
+            shot(page, f"search-flag-{width}")
+    assert not [w for w in warnings if "QueryParseError" in w or "Invalid query" in w], warnings
 
 
 NAVIGATE = """url => {

@@ -285,14 +285,22 @@ def test_cli_config_path(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["kv_bytes_per_token"] == 131072
 
 
+def _exit_code(argv) -> int:
+    try:
+        return cli_main(argv)
+    except SystemExit as exc:  # argparse refused the value
+        return exc.code
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--model", "llama-9"], "unknown model 'llama-9'"),
-    (["--max-model-len", "-1"], "--max-model-len must be a positive"),
+    (["--max-model-len", "-1"], "argument --max-model-len: expected a whole number from 1 to 16,777,216"),
+    (["--max-model-len", "131073"], "llama-3.1-8b allows at most 131,072 tokens"),
     (["--gpu", "v100"], "unknown GPU 'v100'"),
     (["--tensor-parallel-size", "3", "--model", "llama-3.1-8b"], "not divisible"),
 ])
 def test_cli_errors_exit_2(argv, message, capsys):
-    assert cli_main(argv) == 2
+    assert _exit_code(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
 
@@ -300,7 +308,7 @@ def test_cli_errors_exit_2(argv, message, capsys):
 def test_cli_malformed_config(tmp_path, capsys):
     cfg = dict(LLAMA_CONFIG)
     del cfg["hidden_size"]
-    assert cli_main(["--config", str(_write(tmp_path, cfg))]) == 2
+    assert _exit_code(["--config", str(_write(tmp_path, cfg))]) == 2
     assert "missing field 'hidden_size'" in capsys.readouterr().err
 
 

@@ -9,7 +9,7 @@ or calls a generic arithmetic macro or filter (mul, add, ratio, sum...), so
 renaming cannot hide it. Expressions are `{{ ... }}` and every `{% ... %}` tag
 (set, if, for...), one line or several.
 
-CEILING may only go down. It sits a little above today's count (122) so the
+CEILING may only go down. It sits a little above the count when it was last lowered (117) so the
 module lessons being written now fit under it; a page that needs more must render
 its numbers through the cost model instead. When pages drop arithmetic so the
 count falls more than SLACK below CEILING, the test asks for CEILING to be lowered.
@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 HARD_CAP = 149  # fewer than 150 across docs/ and questions/
-CEILING = 135
+CEILING = 125
 SLACK = 15
 
 EXPRESSION = re.compile(r"\{\{(.*?)\}\}|\{%-?(.*?)-?%\}", re.S)

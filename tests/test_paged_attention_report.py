@@ -77,11 +77,11 @@ def results(tmp_path, monkeypatch):
     return write
 
 
-def _table_rows(markdown: str) -> list[list[str]]:
-    """The data rows of every pipe table in the Markdown, as lists of cell text."""
+def _table_rows(markdown: str, full: bool = True) -> list[list[str]]:
+    """The data rows of the full tables (every column, inside the collapsible block), or of the compact ones."""
     rows = []
     for line in markdown.splitlines():
-        if line.startswith("| `"):
+        if line.lstrip().startswith("| `") and line.startswith("    ") == full:
             rows.append([c.strip() for c in line.strip().strip("|").split("|")])
     return rows
 
@@ -93,6 +93,13 @@ def _num(cell: str) -> float:
 def _assert_table_matches(markdown: str, gpus: dict) -> None:
     rows = _table_rows(markdown)
     expected = [(e, r) for e in gpus.values() for r in e["rows"]]
+    # The compact table shows the columns the page's text reads, the same numbers.
+    compact = _table_rows(markdown, full=False)
+    assert [c[0] for c in compact] == [f"`{r['shape']}`" for _, r in expected]
+    for cells, (_, r) in zip(compact, expected):
+        assert len(cells) == 6
+        assert _num(cells[1]) == pytest.approx(r["time_us"], abs=0.05)
+        assert _num(cells[3]) == r["copy_fraction"] and _num(cells[5]) == r["ratio_to_sdpa"]
     assert len(rows) == len(expected), f"{len(rows)} table rows for {len(expected)} recorded rows"
     for cells, (e, r) in zip(rows, expected):
         shape, dims, splits, t, floor, mib, tbs, frac, sdpa, ratio, backend = cells
@@ -126,6 +133,7 @@ def test_each_gpu_is_a_table_with_its_own_environment(results):
     _assert_table_matches(beta, {"GPU Beta": TWO_GPUS["GPU Beta"]})
     assert "**GPU Alpha**" in alpha and "2030-01-02" in alpha and "2030-03-04" not in alpha
     assert "2030-03-04" in beta and "7.50 TB/s" in beta and "| flash |" in beta
+    assert alpha.count("| Shape |") == 2 and beta.count("| Shape |") == 2  # a compact and a full table each
 
 
 def test_a_second_gpu_recorded_keeps_the_first_and_every_page_macro_still_renders(tmp_path, monkeypatch):

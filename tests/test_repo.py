@@ -22,7 +22,7 @@ def test_readme_has_exactly_two_setup_commands_each_with_its_own_virtualenv():
     serve, test = commands["serve-command"], commands["test-command"]
     assert serve.startswith("python3 -m venv ") and test.startswith("python3 -m venv ")
     assert "pip install -e ." in serve and "127.0.0.1:8000" in serve
-    assert "pip install -e '.[test,labs,vllm]'" in test and test.endswith("-m pytest")
+    assert "pip install -e '.[test,labs,vllm,serve]'" in test and test.endswith("-m pytest")
 
 
 def test_ci_runs_the_readme_test_command():

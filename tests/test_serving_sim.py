@@ -274,7 +274,7 @@ def test_cli_prints_a_table_writes_json_and_is_deterministic(tmp_path):
     (("batching", "--model", "mixtral-8x7b"), "dense full-attention"),
     (("batching", "--prompt-len", "9:3"), "lo <= hi"),
     (("preemption", "--cases", "10x4"), "could never finish"),
-    (("spec-decode", "--alpha", "1.5"), "acceptance rates"),
+    (("spec-decode", "--alpha", "1.5"), "argument --alpha: expected a finite number in [0, 1]"),
     (("knobs", "--gpu", "tpu"), "unknown GPU"),
 ])
 def test_cli_bad_input_names_the_problem(args, message):
@@ -293,7 +293,7 @@ def test_cli_bad_input_names_the_problem(args, message):
     (("batching", "--step-overhead-ms", "inf"), "--step-overhead-ms"),
     (("batching", "--gpu-memory-utilization", "nan"), "--gpu-memory-utilization"),
     (("spec-decode", "--trials", "1000000000"), "--trials"),
-    (("spec-decode", "--alphas", "0.5,nan"), "acceptance rates"),
+    (("spec-decode", "--alphas", "0.5,nan"), "argument --alphas: in '0.5,nan': expected a finite number in [0, 1]"),
     (("preemption", "--cases", "99999999999x4"), "--cases"),
     (("batching", "--num-gpu-blocks-override", "99999999999"), "--num-gpu-blocks-override"),
 ])

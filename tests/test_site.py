@@ -11,6 +11,7 @@ page reachable from the navigation.
 from __future__ import annotations
 
 import html as html_lib
+import re
 import posixpath
 import sys
 from pathlib import Path
@@ -79,10 +80,23 @@ def _resolve(from_page: str, href: str) -> tuple[str, str] | None:
     return target, unquote(parts.fragment)
 
 
+def protocol_relative_to_this_site(href: str, top_level: set[str]) -> bool:
+    """`//lessons/x`: a path of this site written with a leading `//`, which browsers read as a host."""
+    if not href.startswith("//"):
+        return False
+    host = urlsplit(href).netloc
+    return "." not in host or host in top_level  # a real external host has a dot in its name
+
+
 def test_zero_broken_internal_links_and_anchors(built, pages):
     broken = []
+    top_level = {p.name for p in built.iterdir()}
     for name, page in pages.items():
         for href, line in page.links:
+            if protocol_relative_to_this_site(href, top_level):
+                broken.append(f"{name}:{line}: {href} is protocol-relative: it names the host "
+                              f"{urlsplit(href).netloc!r}, not this site's page")
+                continue
             resolved = _resolve(name, href)
             if resolved is None:
                 continue
@@ -113,11 +127,14 @@ def test_links_between_questions_and_lessons_go_both_ways(bank, built):
             assert f'href="{href_back}"' in links_section, f"{lesson.path}: Interview links miss {bq.slug}"
 
 
-def test_every_lesson_ends_with_interview_links(bank, built):
+def test_every_lesson_ends_with_interview_links_then_sources(bank, built):
+    """The build's footer: Interview links, then Sources (where the lesson has any), and nothing after."""
     for lesson in bank.lessons.values():
         html = article_html(built / _page_path(lesson.src_uri))
         assert 'id="interview-links"' in html, lesson.path
-        assert html.rindex("<h2") == html.index('<h2 id="interview-links"'), f"{lesson.path}: not the last section"
+        ids = re.findall(r'<h2 id="([^"]+)"', html)
+        want = ["interview-links", "sources"] if lesson.meta.sources else ["interview-links"]
+        assert ids[-len(want):] == want, f"{lesson.path}: last sections are {ids[-3:]}, want {want}"
 
 
 def test_every_page_is_reachable_from_the_navigation(built, pages):
@@ -156,3 +173,91 @@ def test_404_page_helps(built):
     html = (built / "404.html").read_text(encoding="utf-8")
     for target in ("lessons/", "questions/"):
         assert target in html
+
+
+def _text(html_text: str) -> str:
+    return re.sub(r"\s+", " ", html_lib.unescape(re.sub(r"<[^>]+>", " ", html_text)))
+
+
+def test_module_counts_come_from_the_lessons(bank, built):
+    """Home, Lessons and 404 say how many modules have lessons, and name the planned ones."""
+    import sections
+
+    summary = sections.module_summary(bank)
+    written = [m for m in bank.modules if bank.lessons_of(m.part)]
+    assert summary.written == written
+    home = _text(article_html(built / "index.html"))
+    lessons = _text(article_html(built / "lessons/index.html"))
+    not_found = _text((built / "404.html").read_text(encoding="utf-8"))
+    for text in (home, lessons):
+        assert summary.sentence in text
+    assert summary.short in not_found
+    if summary.planned:
+        for text in (home, lessons, not_found):
+            assert "Nine modules" not in text and "nine modules," not in text
+            assert "planned" in text
+        assert sections.parts_phrase([m.part for m in summary.planned]) in summary.sentence
+
+
+def _cards(html_text: str) -> list[tuple[str, str]]:
+    """(href, text) of every card of a section index."""
+    block = html_text[html_text.index('class="grid cards section-cards"'):]
+    block = block[:block.index("</ul>")]
+    return [(m.group(1), _text(m.group(0))) for m in re.finditer(r'<li>\s*<p><a href="([^"]+)">.*?</li>', block, re.S)]
+
+
+@pytest.mark.parametrize("folder", ["labs", "reference"])
+def test_section_index_has_a_card_per_page(built, pages, folder):
+    html = article_html(built / folder / "index.html")
+    cards = _cards(html)
+    built_pages = sorted(p.split("/")[1] for p in pages if p.startswith(folder + "/") and p.count("/") == 2)
+    assert sorted(href.rstrip("/") for href, _ in cards) == built_pages
+    for href, text in cards:
+        assert len(text.split()) >= 6, f"{folder}/{href}: the card has no line about the page"
+
+
+def test_module_index_has_a_card_per_lesson(bank, built):
+    for module in bank.modules:
+        lessons = bank.lessons_of(module.part)
+        if lessons:
+            cards = _cards(article_html(built / f"lessons/part-{module.part}/index.html"))
+            assert [href for href, _ in cards] == [f"{lesson.slug}/" for lesson in lessons], module.label
+            for (_, text), lesson in zip(cards, lessons):
+                assert lesson.meta.description.split()[0] in text
+
+
+def test_protocol_relative_links_are_caught():
+    top = {"lessons", "questions", "assets"}
+    assert protocol_relative_to_this_site("//lessons/", top)
+    assert protocol_relative_to_this_site("//assets.x/a", {"assets.x"})
+    assert not protocol_relative_to_this_site("//fonts.example.org/a.css", top)
+    assert not protocol_relative_to_this_site("/lessons/", top)
+
+
+def _links_404(html: str) -> list[str]:
+    import re
+
+    main = html[html.index("Page not found"):]
+    return re.findall(r'<a href="([^"]+)"', main[: main.index("</ul>")])
+
+
+def test_404_page_links_resolve_from_any_depth(built):
+    """Served for any missing address, at any depth: its links are absolute paths of this site."""
+    links = _links_404((built / "404.html").read_text(encoding="utf-8"))
+    assert links == ["/lessons/", "/questions/", "/labs/", "/"], links
+    for href in links:
+        assert (built / href.lstrip("/") / "index.html").is_file(), href
+
+
+def test_404_page_under_a_site_url_with_a_path(tmp_path):
+    """Published at https://host/bank/, the 404 page's links keep the /bank/ prefix."""
+    from site_helpers import copy_site, mkdocs_build
+
+    root = copy_site(tmp_path / "site")
+    result = mkdocs_build(root, tmp_path / "out", strict=True, site_url="https://example.org/interview-bank/")
+    assert result.returncode == 0, result.stderr[-3000:]
+    links = _links_404((tmp_path / "out/404.html").read_text(encoding="utf-8"))
+    assert links == ["/interview-bank/lessons/", "/interview-bank/questions/", "/interview-bank/labs/",
+                     "/interview-bank/"], links
+    for href in links:
+        assert (tmp_path / "out" / href.removeprefix("/interview-bank/") / "index.html").is_file(), href

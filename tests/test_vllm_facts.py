@@ -693,6 +693,7 @@ def test_a_planted_wrong_default_or_flag_in_a_copy_of_the_facts_file_is_caught(s
     text = vllm_facts.FACTS_FILE.read_text(encoding="utf-8")
     text = text.replace("  gpu_memory_utilization:\n    flag: --gpu-memory-utilization\n",
                         "  swap_space:\n    flag: --swap-space\n    default: 4\n"
+                        "    meaning: V0's CPU swap space.\n    source: vllm/config/cache.py\n"
                         "  gpu_memory_utilization:\n    flag: --gpu-memory-utilization\n", 1)
     planted = tmp_path / "vllm.yaml"
     planted.write_text(text, encoding="utf-8")

@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+_ROOT = Path(__file__).resolve().parents[2]
+if str(_ROOT) not in sys.path:  # `python docs/.hooks/bank.py check` runs without the project on the path
+    sys.path.insert(0, str(_ROOT))
+
+from labs import datafile  # noqa: E402
 
 # ---------------------------------------------------------------------------
 # Data: where things live
@@ -82,6 +88,65 @@ def _within(text: str, sentences: tuple[int, int], max_words: int) -> str:
     return text
 
 
+# ---------------------------------------------------------------------------
+# Raw HTML and sizes
+#
+# A question's text is Markdown, rendered inside HTML the site builds around it
+# (the practice-mode reveal blocks, the heading, the navigation, the search
+# index). Raw HTML in it is rejected, not escaped: escaping would print tags the
+# author meant as markup, and rendering them lets a file break that structure or
+# run a script on every page. Markdown covers the rest: backticks for a literal
+# `<rank>`, math for subscripts. Sizes are capped so one file cannot bloat every
+# page that lists it; the caps sit well above the longest real field.
+# ---------------------------------------------------------------------------
+
+MAX_FILE_BYTES = 64 * 1024  # the longest question file is ~14 KB
+TITLE_CHARS = 200
+_CODE = re.compile(r"^(```|~~~).*?^\1[ \t]*$|(`+).+?\2", re.S | re.M)
+_MATH = re.compile(r"\\\(.*?\\\)|\\\[.*?\\\]|\$\$.*?\$\$", re.S)
+_HTML = re.compile(r"<(?:/?[A-Za-z][A-Za-z0-9-]*(?=[\s/>])|!--|![A-Za-z]|\?[A-Za-z])")
+_TITLE_CHARS = re.compile(r"[<>{}\[\]`\\\n]")
+
+
+def raw_html(markdown: str) -> str | None:
+    """The first raw HTML tag or comment outside code and math, or None."""
+    text = _MATH.sub(" ", _CODE.sub(" ", markdown))
+    match = _HTML.search(text)
+    if not match:
+        return None
+    end = text.find(">", match.start())
+    return text[match.start(): end + 1 if 0 <= end - match.start() < 40 else match.start() + 20]
+
+
+def _no_raw_html(value: str) -> str:
+    tag = raw_html(value)
+    if tag:
+        raise ValueError(f"raw HTML ({tag}) is not allowed: write Markdown (a literal <...> goes in backticks, "
+                         "a subscript in math such as \\(H_q\\))")
+    return value
+
+
+def _plain_title(value: str) -> str:
+    bad = _TITLE_CHARS.search(value)
+    if bad:
+        shown = "a line break" if bad.group() == "\n" else repr(bad.group())
+        raise ValueError(f"a title is plain text (it becomes the heading, the navigation entry and link text): "
+                         f"remove {shown}")
+    return value
+
+
+def _link_text(value: str) -> str:
+    _no_raw_html(value)
+    if re.search(r"[\[\]\n]|\{[{%#]", value):
+        raise ValueError("link text is one line without [ ] or Jinja ({{ {% {#}): it renders as [text](url)")
+    return value
+
+
+Markdown = Annotated[str, AfterValidator(_no_raw_html)]
+PlainTitle = Annotated[str, AfterValidator(_plain_title)]
+LinkText = Annotated[str, AfterValidator(_link_text)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
@@ -89,8 +154,8 @@ class _Strict(BaseModel):
 class Source(_Strict):
     """A reference; in YAML either a bare URL or {title, url}."""
 
-    title: str = Field(min_length=1)
-    url: str = Field(pattern=r"^https?://\S+$")
+    title: LinkText = Field(min_length=1, max_length=300)
+    url: str = Field(pattern=r"^https?://\S+$", max_length=2000)
 
     @model_validator(mode="before")
     @classmethod
@@ -101,8 +166,8 @@ class Source(_Strict):
 
 
 class FollowUp(_Strict):
-    q: str = Field(min_length=1, description="The follow-up as the interviewer asks it.")
-    a: str = Field(min_length=1, description="Its answer, in Markdown; macros render.")
+    q: Markdown = Field(min_length=1, max_length=500, description="The follow-up as the interviewer asks it.")
+    a: Markdown = Field(min_length=1, max_length=5000, description="Its answer, in Markdown; macros render.")
 
 
 class LabRun(_Strict):
@@ -117,7 +182,7 @@ class LabRun(_Strict):
 
     command: str = Field(pattern=r"^python -m labs\.[a-z_.]+( .*)?$")
     output: str = Field(description="'run', or labs/results/<file>[.txt|.json#key]")
-    caption: str | None = None
+    caption: Markdown | None = Field(default=None, max_length=2000)
 
     @field_validator("output")
     @classmethod
@@ -132,8 +197,8 @@ class Snippet(_Strict):
 
     language: str = Field(min_length=1)
     runnable: bool = Field(description="True: the tests run it; Python snippets compile regardless.")
-    caption: str | None = None
-    code: str | None = None
+    caption: Markdown | None = Field(default=None, max_length=2000)
+    code: str | None = Field(default=None, max_length=20000)
     include: str | None = Field(default=None, pattern=r"^labs/[\w/.-]+\.py(:[\w-]+)?$")
 
     @model_validator(mode="after")
@@ -160,32 +225,34 @@ class Verified(_Strict):
 
 
 Kind = Literal["concept", "numbers", "debug", "design"]
-OneLine = Annotated[str, Field(min_length=1, pattern=r"^[^\n]+$")]
+OneLine = Annotated[str, Field(min_length=1, max_length=300, pattern=r"^[^\n]+$"), AfterValidator(_no_raw_html)]
 
 
 class Question(_Strict):
     """One bank question; the page renders the fields in this order."""
 
-    title: str = Field(min_length=10, description="The question as an interviewer asks it.")
-    topic: str | None = Field(default=None, description="The bank's entry as listed, for questions from it.")
+    title: PlainTitle = Field(min_length=10, max_length=TITLE_CHARS,
+                              description="The question as an interviewer asks it, in plain text.")
+    topic: Markdown | None = Field(default=None, max_length=1000,
+                                   description="The bank's entry as listed, for questions from it.")
     part: int = Field(ge=0, le=8)
     lesson: str = Field(pattern=LESSON_ID_RE.pattern, description="part-N/<slug> of the lesson it tests.")
     also: list[str] = Field(default_factory=list, description="Further lessons it touches.")
     kind: Kind = Field(description="concept: explain a mechanism; numbers: compute a figure; "
                                    "debug: find a fault from symptoms; design: choose under constraints.")
-    short_answer: str = Field(min_length=1, description=f"The 10-second version: one sentence, "
+    short_answer: Markdown = Field(min_length=1, max_length=1000, description=f"The 10-second version: one sentence, "
                                                         f"at most {SHORT_ANSWER_WORDS} words.")
-    answer: str = Field(min_length=1, description=f"The 30-second direct answer: {ANSWER_SENTENCES[0]}-"
+    answer: Markdown = Field(min_length=1, max_length=3000, description=f"The 30-second direct answer: {ANSWER_SENTENCES[0]}-"
                                                   f"{ANSWER_SENTENCES[1]} sentences, at most {ANSWER_WORDS} words.")
     probes: list[OneLine] = Field(min_length=1, max_length=3,
                                   description="1-3 lines: what the interviewer is testing.")
-    deep_dive: str = Field(min_length=1)
+    deep_dive: Markdown = Field(min_length=1, max_length=20000)
     code: Code | None = None
     follow_ups: list[FollowUp] = Field(min_length=2, max_length=4)
-    weak_answer: str = Field(min_length=1)
+    weak_answer: Markdown = Field(min_length=1, max_length=5000)
     misconceptions: list[OneLine] = Field(default_factory=list,
                                           description="Stale or wrong beliefs this question corrects, one line each.")
-    validate_: str = Field(alias="validate", min_length=1)
+    validate_: Markdown = Field(alias="validate", min_length=1, max_length=5000)
     sources: list[Source] = Field(min_length=1)
     verified: Verified
 
@@ -213,8 +280,8 @@ class Question(_Strict):
 class LessonMeta(_Strict):
     """A lesson's front matter. Sources and the checked date render at its end."""
 
-    title: str = Field(min_length=5)
-    description: str = Field(min_length=10, description="One line for the module index.")
+    title: PlainTitle = Field(min_length=5, max_length=TITLE_CHARS)
+    description: Markdown = Field(min_length=10, max_length=500, description="One line for the module index.")
     order: int = Field(ge=0, description="Position within the module.")
     render_macros: bool = True
     verified: Verified | None = None
@@ -284,7 +351,7 @@ class BankQuestion:
     slug: str
     path: str  # questions/part-N/<slug>.yaml
     q: Question
-    node: Any = field(default=None, compare=False, repr=False)  # YAML nodes, for line numbers
+    node: Any = field(default=None, compare=False, repr=False)  # the datafile.Document, for line numbers
 
     @property
     def id(self) -> str:
@@ -343,34 +410,9 @@ class Bank:
 # ---------------------------------------------------------------------------
 
 
-def _compose(text: str) -> tuple[Any, yaml.Node | None]:
-    """Parse YAML keeping the node tree, whose marks give each value's line."""
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    finally:
-        loader.dispose()
-    return data, node
-
-
-def _line_of(node: yaml.Node | None, loc: tuple[Any, ...]) -> int | None:
+def _line_of(doc: datafile.Document | None, loc: tuple[Any, ...]) -> int | None:
     """The line of the value at `loc` (a pydantic error path), or of its nearest parent."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            for key_node, value_node in node.value:
-                if key_node.value == part:
-                    line, node = key_node.start_mark.line + 1, value_node
-                    break
-            else:
-                return line
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
-            node = node.value[part]
-            line = node.start_mark.line + 1
-        else:
-            return line
-    return line
+    return doc.line(loc) if doc is not None else None
 
 
 def _field_name(loc: tuple[Any, ...]) -> str:
@@ -383,9 +425,10 @@ def _field_name(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _validation_problems(path: str, node: yaml.Node | None, err: ValidationError) -> list[Problem]:
+def _validation_problems(path: str, node: datafile.Document | None, err: ValidationError) -> list[Problem]:
     problems = []
-    for e in err.errors():
+    # An unknown key first: a typo'd field also shows up as the real one missing.
+    for e in sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden"):
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         message = e["msg"]
         if e["type"] == "extra_forbidden":
@@ -398,21 +441,22 @@ def _validation_problems(path: str, node: yaml.Node | None, err: ValidationError
     return problems
 
 
-def read_yaml_file(path: Path, rel: str) -> tuple[Any, yaml.Node | None, list[Problem]]:
+def _problem(exc: datafile.DataError, rel: str, line_offset: int = 0) -> Problem:
+    return Problem(rel, exc.line + line_offset if exc.line else None, exc.field, exc.message)
+
+
+def read_yaml_file(path: Path, rel: str) -> tuple[Any, datafile.Document | None, list[Problem]]:
+    """Parse one question file strictly (labs/datafile.py): too large, not UTF-8, bad YAML, a
+    duplicate key or an impossible date is a Problem at its line."""
+    size = path.stat().st_size
+    if size > MAX_FILE_BYTES:
+        return None, None, [Problem(rel, None, None, f"is {size / 1024:,.0f} KiB; a question file is at most "
+                                                     f"{MAX_FILE_BYTES // 1024} KiB")]
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        return None, None, [Problem(rel, None, None, f"not UTF-8: {exc}")]
-    try:
-        data, node = _compose(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        message = f"YAML syntax error: {exc.problem or exc.context}"
-        if exc.context and exc.context_mark and exc.problem_mark and exc.context_mark.line != exc.problem_mark.line:
-            message += f" ({exc.context} that starts on line {exc.context_mark.line + 1})"
-        return None, None, [Problem(rel, line, None, message)]
-    return data, node, []
+        doc = datafile.load(path, rel)
+    except datafile.DataError as exc:
+        return None, None, [_problem(exc, rel)]
+    return doc.data, doc, []
 
 
 # ---------------------------------------------------------------------------
@@ -421,13 +465,23 @@ def read_yaml_file(path: Path, rel: str) -> tuple[Any, yaml.Node | None, list[Pr
 
 
 def _load_modules(root: Path) -> list[Module]:
-    data = yaml.safe_load((root / MODULES_FILE).read_text(encoding="utf-8"))
-    return [Module(**entry) for entry in data["modules"]]
+    """docs/.data/modules.yaml, validated by site_data.ModulesFile; a mistake is a BankError at its line."""
+    from site_data import load_modules
+
+    from labs.datafile import DataError
+
+    try:
+        data = load_modules(root)
+    except DataError as exc:
+        raise BankError([Problem(exc.file or MODULES_FILE, exc.line, exc.field, exc.message)]) from None
+    return [Module(m.part, m.name, m.scope, m.bank) for m in data.modules]
 
 
 def _vllm_version(root: Path) -> str:
-    data = yaml.safe_load((root / VLLM_FACTS_FILE).read_text(encoding="utf-8"))
-    return str(data["version"])
+    """The version the facts file pins, read through its own checked loader."""
+    from labs import vllm_facts
+
+    return vllm_facts.version(vllm_facts.load(root / VLLM_FACTS_FILE))
 
 
 _FRONT_MATTER_RE = re.compile(r"\A---\s*\n(.*?\n)---\s*\n", re.S)
@@ -454,10 +508,10 @@ def _load_lessons(root: Path, modules: list[Module], problems: list[Problem]) ->
             problems.append(Problem(rel, 1, None, "missing front matter (--- title/description/order ---)"))
             continue
         try:
-            data, node = _compose(fm.group(1))
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark
-            problems.append(Problem(rel, mark.line + 2 if mark else None, None, f"YAML syntax error: {exc.problem}"))
+            node = datafile.loads(fm.group(1), rel)
+            data = node.data
+        except datafile.DataError as exc:
+            problems.append(_problem(exc, rel, line_offset=1))  # front matter starts on line 2
             continue
         try:
             meta = LessonMeta.model_validate(data or {})
@@ -474,8 +528,14 @@ def _load_lessons(root: Path, modules: list[Module], problems: list[Problem]) ->
 def _load_questions(root: Path, modules: list[Module], problems: list[Problem]) -> dict[str, BankQuestion]:
     questions: dict[str, BankQuestion] = {}
     bank_parts = {m.part for m in modules if m.bank}
-    for path in sorted((root / QUESTIONS_DIR).glob("**/*.yaml")):
+    for path in sorted((root / QUESTIONS_DIR).rglob("*")):
         rel = path.relative_to(root).as_posix()
+        if path.is_file() and path.suffix.lower() in (".yml", ".yaml") and path.suffix != ".yaml":
+            problems.append(Problem(rel, None, None, f"questions are .yaml files: rename it to {path.stem}.yaml "
+                                                     f"(a {path.suffix} file would be left out of the site)"))
+            continue
+        if path.suffix != ".yaml" or not path.is_file():
+            continue
         folder = path.parent.relative_to(root / QUESTIONS_DIR).as_posix()
         folder_match = re.fullmatch(r"part-(\d+)", folder)
         if not folder_match:
@@ -620,12 +680,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = Path(args.root)
     if args.mode == "check":
+        import bank_check  # imports this module as `bank`: see the __main__ block
+
+        from labs.datafile import DataError
+        from site_data import load_glossary
+
+        from labs import recorded
+
+        try:
+            recorded.check_all(root / "labs" / "results")
+        except recorded.RecordedError as err:
+            print(f"1 problem(s) in the recorded lab results:\n  {err}")
+            return 1
         try:
             bank = load_bank(root)
+            load_glossary(root)
+            problems = bank_check.check(bank)
+            if problems:
+                raise BankError(problems)
         except BankError as err:
             print(err)
             return 1
-        print(f"ok: {len(bank.questions)} questions, {len(bank.lessons)} lessons")
+        except DataError as err:
+            print(f"1 problem(s) in the site's data:\n  {err}")
+            return 1
+        print(f"ok: {len(bank.questions)} questions, {len(bank.lessons)} lessons, "
+              "and every check the build runs on them")
         return 0
     target = root / SCHEMA_FILE
     if args.mode == "write-schema":
@@ -640,4 +720,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run as the module `bank`, the one the hooks import, so there is one BankError class.
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bank
+
+    raise SystemExit(bank.main())

@@ -3,9 +3,10 @@
 MkDocs calls these events in order: `on_config` loads and validates the bank
 (once per build; a bad file stops the build with file, line and field) and
 expands the navigation; `on_files` adds one generated page per question plus
-the index pages; `on_page_markdown` ends every lesson with its sources and
-Interview links and appends the glossary's abbreviations to every page;
-`on_page_context` points a question page's edit link at its YAML file.
+the index pages; `on_page_markdown` ends every lesson with its Interview links
+and sources and appends the glossary's abbreviations to every page;
+`on_page_context` points a question page's edit link at its YAML file;
+`on_post_build` copies the build's plots (docs/.hooks/plotting.py) into the site.
 
 Kept apart from macros.py: one module cannot be both the macros module and a
 hook module (MkDocs and mkdocs-macros would both load it and the events clash).
@@ -13,6 +14,7 @@ hook module (MkDocs and mkdocs-macros would both load it and the events clash).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -22,14 +24,20 @@ from mkdocs.structure.files import File
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bank as bank_lib  # noqa: E402
+import bank_check  # noqa: E402
 import bank_render as render  # noqa: E402
 import glossary  # noqa: E402
 import study  # noqa: E402
+import plotting  # noqa: E402
+import sections  # noqa: E402
+from labs.datafile import DataError  # noqa: E402  (site_data, imported by glossary, put the root on the path)
 
 # Nav entries in mkdocs.yml that the hook expands into generated sections.
 LESSONS_INDEX = "lessons/index.md"
 BANK_INDEX = "questions/index.md"
 LABS_INDEX = "labs/index.md"
+# Hand-written section indexes that end with a card per page of their section.
+CARD_INDEXES = (LABS_INDEX, "reference/index.md")
 
 _state: dict = {}
 
@@ -66,6 +74,30 @@ def _folder_section(docs_dir: Path, folder: str) -> list:
     """The folder's index first, then its other pages in file-name order."""
     pages = sorted(p.name for p in (docs_dir / folder).glob("*.md") if p.name != "index.md")
     return [f"{folder}/index.md", *(f"{folder}/{name}" for name in pages)]
+
+
+def _section_pages(nav: list, index_uri: str) -> list[str] | None:
+    """The pages after `index_uri` in the nav section it opens."""
+    for entry in nav:
+        value = next(iter(entry.values())) if isinstance(entry, dict) else None
+        if isinstance(value, list):
+            if value and value[0] == index_uri:
+                return [v for v in value[1:] if isinstance(v, str)]
+            found = _section_pages(value, index_uri)
+            if found is not None:
+                return found
+    return None
+
+
+def _section_cards(index_uri: str, docs_dir: Path) -> str:
+    cards = []
+    for uri in _state["card_sections"][index_uri]:
+        source = sections.read_source(docs_dir, uri, _state["generated"])
+        try:
+            cards.append(sections.page_card(source, render.rel_link(index_uri, uri), f"docs/{uri}"))
+        except sections.SectionError as err:
+            raise PluginError(str(err)) from None
+    return sections.cards_markdown(cards)
 
 
 def _expand_nav(nav: list, expansions: dict[str, list]) -> list:
@@ -110,14 +142,21 @@ def _check_recorded_results(root: Path) -> None:
 
 
 def on_config(config):
+    plotting.reset_build()
     root = _root(config)
+    render.clear_lab_outputs()
+    _check_recorded_results(root)
     try:
         bank = bank_lib.get_bank(root)
-    except bank_lib.BankError as err:
+        _state["abbreviations"] = glossary.abbreviation_lines(root)
+        # What the pages would fail on (macros, includes, links, lab output), found first and
+        # reported at the YAML line. A PluginError stops the build, strict or not.
+        problems = bank_check.check(bank)
+        if problems:
+            raise bank_lib.BankError(problems)
+    except (bank_lib.BankError, DataError) as err:
         raise PluginError(str(err)) from None
     _state["bank"] = bank
-    _check_recorded_results(root)
-    _state["abbreviations"] = glossary.abbreviation_lines(root)
 
     # One setting, extra.repository, gives the edit links. No repo_url: Material
     # would call the GitHub API for stars and forks on every page view.
@@ -135,6 +174,9 @@ def on_config(config):
         BANK_INDEX: _bank_section(bank),
         LABS_INDEX: _folder_section(docs_dir, "labs"),
     })
+    _state["card_sections"] = {uri: _section_pages(config.nav, uri) or [] for uri in CARD_INDEXES}
+    # The 404 page is a theme template: it reads the module summary from here.
+    config.extra["modules_summary"] = sections.module_summary(bank).short
     return config
 
 
@@ -157,6 +199,7 @@ def on_files(files, config):
             pages[bq.src_uri] = render.question_page(bank, bq)
     except render.LabOutputError as err:
         raise PluginError(f"lab output for the question bank: {err}") from None
+    _state["generated"] = pages
     for uri, content in pages.items():
         if files.get_file_from_path(uri) is not None:
             raise PluginError(f"docs/{uri} is generated by the build: delete the hand-written file")
@@ -173,7 +216,14 @@ def on_page_markdown(markdown, page, config, files):
             raise PluginError(f"docs/{uri}: remove the hand-written 'Interview links' section; "
                               "the build renders it from the questions")
         markdown += render.lesson_footer(bank, bank.lessons[lesson_id])
+    if uri in _state["card_sections"]:
+        markdown += "\n\n" + _section_cards(uri, Path(config.docs_dir))
     return markdown + "\n\n" + _state["abbreviations"]
+
+
+# Inline code that is one token (a file name, a flag, a shape name) with nothing to break at
+# but its hyphens: docs/stylesheets/extra.css keeps it on one line inside tables.
+_ONE_TOKEN_CODE = re.compile(r"<code>([^<\s]{1,80})</code>")
 
 
 def on_page_content(html, page, config, files):
@@ -184,20 +234,26 @@ def on_page_content(html, page, config, files):
             _state.setdefault("cards", {})[slug] = study.card(_state["bank"], bq, html, page.canonical_url or page.url)
         except ValueError as err:
             raise PluginError(str(err)) from None
-    return html
+    return _ONE_TOKEN_CODE.sub(r'<code class="code-token">\1</code>', html)
 
 
 def on_post_build(config):
-    """Write the flashcard deck from the rendered question pages, in bank order."""
+    """Copy this build's plots into the site, and write the flashcard deck from the rendered question pages."""
+    import shutil
+
+    target = Path(config.site_dir) / plotting.SITE_FOLDER
+    target.mkdir(parents=True, exist_ok=True)
+    for name, path in plotting.BUILT.items():
+        shutil.copyfile(path, target / name)
+
     bank: bank_lib.Bank = _state["bank"]
     cards = _state.get("cards", {})
-    missing = [bq.path for bq in bank.questions.values() if bq.slug not in cards]
-    if missing:  # `mkdocs serve` rebuilds only changed pages: keep the last full deck
-        return
+    if any(bq.slug not in cards for bq in bank.questions.values()):
+        return  # `mkdocs serve` rebuilds only changed pages: keep the last full deck
     deck = study.deck_text([cards[slug] for slug in bank.questions])
-    target = Path(config.site_dir) / study.FLASHCARDS_FILE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(deck, encoding="utf-8")
+    deck_path = Path(config.site_dir) / study.FLASHCARDS_FILE
+    deck_path.parent.mkdir(parents=True, exist_ok=True)
+    deck_path.write_text(deck, encoding="utf-8")
 
 
 def on_page_context(context, page, config, nav):

@@ -8,6 +8,7 @@ files, while code is wrapped in `{% raw %}` and never passes through Jinja.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import os
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import sections
 from bank import Bank, BankQuestion, Lesson, Module, Question
 
 import study
@@ -97,19 +99,89 @@ class LabOutputError(RuntimeError):
     pass
 
 
+LAB_TIMEOUT_S = 120
+# One build runs each lab command once: the bank check (bank_check.py) runs it first,
+# the question page reuses what it printed. The hook clears this at every build.
+_LAB_OUTPUTS: dict[tuple[str, str, str], str | LabOutputError] = {}
+
+
+def clear_lab_outputs() -> None:
+    _LAB_OUTPUTS.clear()
+
+
+def _labs_fingerprint(root: Path) -> str:
+    """A hash of every file under labs/ (code, data, results): what a lab's output can depend on."""
+    digest = hashlib.sha256()
+    for path in sorted((root / "labs").rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".json", ".txt") \
+                and "__pycache__" not in path.parts:
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _run_lab(root: Path, command: str) -> str:
+    args = shlex.split(command)
+    assert args[:2] == ["python", "-m"], command
+    env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        proc = subprocess.run([sys.executable, *args[1:]], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=LAB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise LabOutputError(f"`{command}` ran past {LAB_TIMEOUT_S} s") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+        raise LabOutputError(f"`{command}` exited {proc.returncode}: {last}")
+    return proc.stdout.rstrip()
+
+
+LAB_CACHE_STATS = {"run": 0, "cached": 0}
+
+
+def run_lab_cached(root: Path, command: str) -> str:
+    """A torch-free lab's output, run once per content of labs/ and command, then read from the cache.
+
+    The key is the command, the Python version and a hash of every file under
+    labs/, so an edit to any lab, data or results file runs the labs again; the
+    cache lives with the build's other caches (docs/.hooks/assets.py cache_dir).
+    """
+    import assets
+
+    key = hashlib.sha256("\0".join([command, sys.version, _labs_fingerprint(root)]).encode()).hexdigest()[:24]
+    path = assets.cache_dir() / "lab-output" / f"{key}.txt"
+    if path.is_file():
+        LAB_CACHE_STATS["cached"] += 1
+        return path.read_text(encoding="utf-8")
+    out = _run_lab(root, command)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(out, encoding="utf-8")
+    tmp.replace(path)  # a failed or interrupted run leaves no entry
+    LAB_CACHE_STATS["run"] += 1
+    return out
+
+
 def lab_output(root: Path, command: str, output: str) -> str:
     """What the page shows under a lab command: never typed by hand."""
+    key = (str(root), command, output)
+    if key not in _LAB_OUTPUTS:
+        try:
+            _LAB_OUTPUTS[key] = _lab_output(root, command, output)
+        except LabOutputError as err:
+            _LAB_OUTPUTS[key] = err
+    found = _LAB_OUTPUTS[key]
+    if isinstance(found, LabOutputError):
+        raise found
+    return found
+
+
+def _lab_output(root: Path, command: str, output: str) -> str:
     if output == "run":
-        args = shlex.split(command)
-        assert args[:2] == ["python", "-m"], command
-        env = dict(os.environ, PYTHONPATH=str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.run([sys.executable, *args[1:]], cwd=root, env=env,
-                              capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise LabOutputError(f"`{command}` exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-        return proc.stdout.rstrip()
+        return run_lab_cached(root, command)
     path_part, _, key = output.partition("#")
     path = root / path_part
+    if not path.resolve().is_relative_to((root / "labs" / "results").resolve()):
+        raise LabOutputError(f"recorded output {path_part} is not under labs/results/")
     if not path.is_file():
         raise LabOutputError(f"recorded output {path_part} does not exist (run the lab with --record)")
     if not key:
@@ -118,6 +190,8 @@ def lab_output(root: Path, command: str, output: str) -> str:
         value = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise LabOutputError(f"{path_part}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
+    except UnicodeDecodeError:
+        raise LabOutputError(f"{path_part}: not UTF-8") from None
     # A row of a recorded-results file (labs/recorded.py) is named by its key: `rows.fragmentation`.
     row_key = value.get("key") if isinstance(value, dict) and isinstance(value.get("key"), list) else None
     rest = key
@@ -291,13 +365,20 @@ def _lesson_list(bank: Bank, from_uri: str, lessons: list[Lesson]) -> str:
     )
 
 
+def _lesson_cards(bank: Bank, from_uri: str, lessons: list[Lesson]) -> str:
+    return sections.cards_markdown([
+        sections.Card(lesson.meta.title, rel_link(from_uri, lesson.src_uri), lesson.meta.description)
+        for lesson in lessons
+    ])
+
+
 def lessons_index(bank: Bank) -> str:
     uri = "lessons/index.md"
     out = _page_head("Lessons")
     out.append(
-        "Nine modules, from what a token costs to running a fleet. Each lesson states the problem "
-        "with a number, shows the mechanism, works an example on a real model and GPU, says what "
-        "vLLM 0.33 does, and ends with the bank questions that test it."
+        f"{sections.module_summary(bank).sentence} Each lesson states the problem with a number, shows "
+        f"the mechanism, works an example on a real model and GPU, says what vLLM {bank.vllm_version} does, "
+        "and ends with the bank questions that test it."
     )
     for module in bank.modules:
         index = f"lessons/part-{module.part}/index.md"
@@ -313,7 +394,7 @@ def lessons_module_index(bank: Bank, module: Module) -> str:
     out = _page_head(module.label)
     out.append(module.scope)
     lessons = bank.lessons_of(module.part)
-    out.append(_lesson_list(bank, uri, lessons) if lessons else "_Planned: no lessons yet._")
+    out.append(_lesson_cards(bank, uri, lessons) if lessons else "_Planned: no lessons yet._")
     if module.bank:
         questions = bank.questions_of(module.part)
         bank_index_uri = f"questions/part-{module.part}/index.md"
@@ -330,17 +411,13 @@ def lessons_module_index(bank: Bank, module: Module) -> str:
 
 
 def lesson_footer(bank: Bank, lesson: Lesson) -> str:
-    """Sources, the checked date, and the Interview links derived from the questions."""
+    """The Interview links derived from the questions, then Sources and the checked date.
+
+    Interview links come first: a reader who finished the lesson looks for the
+    questions next, and a list of references above them hides them.
+    """
     uri = lesson.src_uri
-    out: list[str] = []
-    if lesson.meta.sources:
-        out += ["## Sources", _sources(lesson.meta.sources)]
-    if lesson.meta.verified:
-        v = lesson.meta.verified
-        out.append(
-            f'<p class="bank-verified">Checked against vLLM {v.vllm} (V1 engine) on {v.date.isoformat()}.</p>'
-        )
-    out.append("## Interview links")
+    out: list[str] = ["## Interview links"]
     links = bank.links.get(lesson.id, [])
     if links:
         out.append("Questions in the bank that test this lesson, or touch it:")
@@ -349,4 +426,11 @@ def lesson_footer(bank: Bank, lesson: Lesson) -> str:
         out.append("_No question tests this lesson yet._")
     else:
         out.append("This hands-on lesson has no bank questions; the modules it prepares for do.")
+    if lesson.meta.sources:
+        out += ["## Sources", _sources(lesson.meta.sources)]
+    if lesson.meta.verified:
+        v = lesson.meta.verified
+        out.append(
+            f'<p class="bank-verified">Checked against vLLM {v.vllm} (V1 engine) on {v.date.isoformat()}.</p>'
+        )
     return "\n\n" + GENERATED_BANNER.format(src="questions/") + "\n\n" + "\n\n".join(out) + "\n"

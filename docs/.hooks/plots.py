@@ -1,26 +1,30 @@
-"""Figures drawn from the project's data at build time, and the KV-cache calculator's markup.
+"""The site's figures, drawn at build time from the cost model and recorded lab results.
 
-Every figure is inline SVG written here by hand (no plotting library in the site
-stack). Inline, not an <img>, so it takes the page's colours: strokes and text
-use `currentColor` and the classes styled in docs/stylesheets/extra.css, which
-follow Material's light/dark palette. Each figure carries a <title> and a
-caption, and the numbers it plots are also printed as a table beside it, so a
-screen reader or a reader who wants the exact value loses nothing.
+Each figure is a builder here that reads its numbers from one place only (the
+cost model, labs/roofline.py, or a recorded results file through the lab's own
+loader), puts them in a JSON-able dict, and hands that dict to a drawing
+function that knows nothing else. plotting.py renders the drawing through
+matplotlib in both colour schemes and caches it on that dict, so a figure is
+redrawn only when its numbers or its code change. Beside every figure the page
+prints the same numbers as a table: a screen reader or a reader who wants the
+exact value loses nothing.
 
-Nothing here imports torch: the numbers come from labs.specs (models, GPUs),
-labs.kv_sizing (the KV budget) and labs/results/*.json (measured runs).
+The KV-cache calculator's data and markup live here too (end of file).
+
+Nothing here imports torch.
 """
 
 from __future__ import annotations
 
 import html
 import json
-import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Iterable
 
 import jinja2
+
+import plotting
+from plotting import PlotError, markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATES = ROOT / "docs" / ".overrides" / "partials"
@@ -28,22 +32,8 @@ TEMPLATES = ROOT / "docs" / ".overrides" / "partials"
 GIB = 2**30
 
 
-class PlotError(ValueError):
-    """A figure asked for something the data files do not hold."""
-
-
-# ---------------------------------------------------------------------------
-# SVG helpers
-# ---------------------------------------------------------------------------
-
-
-def _esc(text: Any) -> str:
+def _esc(text) -> str:
     return html.escape(str(text), quote=True)
-
-
-def _fmt(value: float) -> str:
-    """Coordinates with one decimal: small files, no visible rounding."""
-    return f"{value:.1f}".rstrip("0").rstrip(".")
 
 
 def _si(value: float, digits: int = 3) -> str:
@@ -54,326 +44,199 @@ def _si(value: float, digits: int = 3) -> str:
     return f"{value:.{digits}g} "
 
 
-@dataclass(frozen=True)
-class Scale:
-    """Maps data values to pixels along one axis, linear or log10."""
-
-    lo: float
-    hi: float
-    start: float  # pixel of lo
-    end: float  # pixel of hi
-    log: bool = False
-
-    def __call__(self, value: float) -> float:
-        if self.log:
-            lo, hi, v = math.log10(self.lo), math.log10(self.hi), math.log10(value)
-        else:
-            lo, hi, v = self.lo, self.hi, value
-        return self.start + (v - lo) / (hi - lo) * (self.end - self.start)
-
-
-def _log_ticks(lo: float, hi: float) -> list[float]:
-    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
-    return [10.0**e for e in range(first, last + 1) if lo <= 10.0**e <= hi]
-
-
-def _tick_label(value: float) -> str:
-    if value >= 1000:
-        return f"{value / 1000:g}k"
-    return f"{value:g}"
-
-
-def _svg(width: int, height: int, title: str, body: Iterable[str], css_class: str) -> str:
-    """One <svg> on one line: Markdown keeps a raw HTML block intact only if no blank line splits it."""
-    content = "".join(body)
-    return (
-        f'<svg class="plot {css_class}" viewBox="0 0 {width} {height}" role="img" '
-        f'xmlns="http://www.w3.org/2000/svg" font-size="13"><title>{_esc(title)}</title>{content}</svg>'
-    )
-
-
-def _figure(svg: str, caption: str, table: str = "") -> str:
-    """A figure block Markdown passes through untouched (it starts at column 0 with a block tag)."""
-    return f'<figure class="plot-figure">\n{svg}\n<figcaption>{caption}</figcaption>\n</figure>\n\n{table}\n'
-
-
-def _text(x: float, y: float, text: str, cls: str = "", anchor: str = "start", extra: str = "") -> str:
-    attrs = f' class="{cls}"' if cls else ""
-    return f'<text x="{_fmt(x)}" y="{_fmt(y)}" text-anchor="{anchor}"{attrs}{extra}>{_esc(text)}</text>'
-
-
-def _line(x1: float, y1: float, x2: float, y2: float, cls: str) -> str:
-    return f'<line x1="{_fmt(x1)}" y1="{_fmt(y1)}" x2="{_fmt(x2)}" y2="{_fmt(y2)}" class="{cls}"/>'
-
-
-def _log_axes(xs: Scale, ys: Scale, x_label: str, y_label: str) -> list[str]:
-    """Frame, decade gridlines and labels of a log-log plot."""
-    out = []
-    for tick in _log_ticks(xs.lo, xs.hi):
-        x = xs(tick)
-        out.append(_line(x, ys.start, x, ys.end, "plot-grid"))
-        out.append(_text(x, ys.start + 18, _tick_label(tick), "plot-tick", "middle"))
-    for tick in _log_ticks(ys.lo, ys.hi):
-        y = ys(tick)
-        out.append(_line(xs.start, y, xs.end, y, "plot-grid"))
-        out.append(_text(xs.start - 8, y + 4, _tick_label(tick), "plot-tick", "end"))
-    out.append(f'<rect x="{_fmt(xs.start)}" y="{_fmt(ys.end)}" width="{_fmt(xs.end - xs.start)}" '
-               f'height="{_fmt(ys.start - ys.end)}" class="plot-frame"/>')
-    out.append(_text((xs.start + xs.end) / 2, ys.start + 40, x_label, "plot-label", "middle"))
-    cy = (ys.start + ys.end) / 2
-    out.append(_text(18, cy, y_label, "plot-label", "middle", f' transform="rotate(-90 18 {_fmt(cy)})"'))
-    return out
-
-
-def _table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(" --- " for _ in headers) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+def _tick(value: float, _pos=None) -> str:
+    return f"{value / 1000:g}k" if value >= 1000 else f"{value:g}"
 
 
 # ---------------------------------------------------------------------------
-# Rooflines
+# Rooflines: one GPU's two roofs and a model's decode and prefill steps (cost model)
 # ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class WorkPoint:
-    """One forward step of a model: its FLOPs and the HBM bytes it must move. Derived, not measured."""
-
-    phase: str  # "prefill" or "decode"
-    batch: int
-    tokens: int  # context length per sequence
-    flops: float
-    bytes: float
-
-    @property
-    def intensity(self) -> float:
-        return self.flops / self.bytes
-
-    @property
-    def label(self) -> str:
-        return f"{self.phase} B={self.batch}"
-
-
-def work_points(model, context: int, decode_batches: Iterable[int], prefill_batches: Iterable[int],
-                kv_bytes_per_token: int) -> list[WorkPoint]:
-    """FLOPs and bytes of decode and prefill steps of a dense model, at batch B and context L.
-
-    Matmuls: 2 FLOPs per parameter per token (multiply and add). Attention, per
-    layer and query head: QK^T and PV are 2 * d FLOPs each per (query, key) pair;
-    a decode token attends to L keys, a causal prefill of L tokens to L^2 / 2 pairs.
-    Bytes: every step reads the weights once; decode reads B * L tokens of KV,
-    prefill writes its B * L tokens of KV. Activations are left out (they stay
-    far smaller than the weights at these sizes).
-    """
-    if model.moe is not None or model.mla is not None:
-        raise PlotError(f"{model.name}: roofline points are derived for dense models only (no MoE, no MLA)")
-    params, weights = model.params, model.weight_bytes
-    attn_per_pair = 2 * 2 * model.head_dim * model.n_heads * model.n_layers  # QK^T + PV, all layers, all heads
-    points = []
-    for b in decode_batches:
-        flops = b * (2 * params + attn_per_pair * context)
-        points.append(WorkPoint("decode", b, context, flops, weights + b * context * kv_bytes_per_token))
-    for b in prefill_batches:
-        flops = b * (2 * params * context + attn_per_pair * context * context / 2)
-        points.append(WorkPoint("prefill", b, context, flops, weights + b * context * kv_bytes_per_token))
-    return points
+def roofline_data(roofline, model: str, gpu: str, context: int, decode_batches: Iterable[int],
+                  prefill_batches: Iterable[int]) -> dict:
+    """Everything the roofline draws, from the cost model: roofs, ridges and one point per step."""
+    dep = roofline.deployment(model, gpu)
+    if dep.model.moe is not None or dep.model.mla is not None:
+        raise PlotError(f"{dep.model.name}: roofline points are drawn for dense models only (no MoE, no MLA)")
+    roofs = [{"name": "bf16 dense", "kind": "bf16", "flops": dep.flops_per_s,
+              "ridge": roofline.ridge(dep).flop_per_byte}]
+    if dep.gpu.dense_tflops.get("fp8"):
+        dep8 = roofline.deployment(model, gpu, weight_dtype="fp8")
+        roofs.insert(0, {"name": "fp8 dense", "kind": "fp8", "flops": dep8.flops_per_s,
+                         "ridge": roofline.ridge(dep8).flop_per_byte})
+    steps = [("decode", b, roofline.decode(dep, b, context)) for b in decode_batches]
+    steps += [("prefill", b, roofline.uniform(dep, b, roofline.Chunk(context, 0, True))) for b in prefill_batches]
+    points = [{"phase": phase, "batch": b, "tokens": context, "flops": c.flops, "bytes": c.bytes,
+               "intensity": c.intensity, "bound": c.bound, "floor_s": c.floor_s,
+               "attained": min(dep.flops_per_s, dep.memory_bandwidth.bytes_per_s * c.intensity)}
+              for phase, b, c in steps]
+    return {"gpu": dep.gpu.display_name, "model": dep.model.display_name, "context": context,
+            "bandwidth": dep.memory_bandwidth.bytes_per_s, "bandwidth_source": dep.bandwidth,
+            "roofs": roofs, "points": points}
 
 
-def roofline_svg(gpu, model, points: list[WorkPoint]) -> str:
-    """A log-log roofline of one GPU (bf16 and fp8 compute roofs) with the model's work points on it."""
-    bw = gpu.hbm_bandwidth_tbps  # TB/s = TFLOP/s per (FLOP/byte)
-    peak = gpu.dense_tflops["bf16"]
-    peak8 = gpu.dense_tflops.get("fp8")
-    width, height = 720, 430
-    xs = Scale(0.5, 20000, 80, width - 24, log=True)
-    ys = Scale(0.5, 10 ** math.ceil(math.log10((peak8 or peak) * 1.5)), height - 62, 16, log=True)
-    body = _log_axes(xs, ys, "arithmetic intensity (FLOP per byte moved)", "attainable TFLOP/s")
+def draw_roofline(ax, theme, data: dict) -> None:
+    import numpy as np
 
-    def roof(top: float, kind: str, name: str) -> None:
-        ridge = top / bw
-        x0, y0, xr, yr = xs(xs.lo), ys(bw * xs.lo), xs(ridge), ys(top)
-        path = f"M{_fmt(x0)},{_fmt(y0)} L{_fmt(xr)},{_fmt(yr)} L{_fmt(xs(xs.hi))},{_fmt(yr)}"
-        body.append(f'<path d="{path}" class="plot-roof plot-roof--{kind}"/>')
-        body.append(f'<circle cx="{_fmt(xr)}" cy="{_fmt(yr)}" r="4" class="plot-ridge plot-ridge--{kind}"/>')
-        # Up and left of the ridge, where the slope below leaves the space empty.
-        body.append(_text(xs(ridge) - 8, ys(top) - 8, f"{name} {top:,.0f} TFLOP/s, ridge {ridge:,.0f} FLOP/B",
-                          "plot-note", "end"))
+    bw = data["bandwidth"]
+    x = np.logspace(np.log10(0.5), np.log10(20000), 200)
+    styles = {"bf16": dict(color=theme.series[0], linewidth=2.5), "fp8": dict(color=theme.muted, linewidth=1.5,
+                                                                             linestyle="--")}
+    for roof in data["roofs"]:
+        top = roof["flops"] / 1e12
+        ax.plot(x, np.minimum(top, bw * x / 1e12), **styles[roof["kind"]])
+        ax.plot([roof["ridge"]], [top], "o", color=styles[roof["kind"]]["color"], markersize=5)
+        ax.annotate(f"{roof['name']} {top:,.0f} TFLOP/s\nridge {roof['ridge']:,.0f} FLOP/B", (roof["ridge"], top),
+                    xytext=(-6, 6), textcoords="offset points", ha="right", va="bottom", color=theme.muted)
+    ax.annotate(f"HBM {bw / 1e12:g} TB/s", (2, bw * 2 / 1e12), xytext=(0, 8), textcoords="offset points",
+                color=theme.muted, rotation=33, rotation_mode="anchor")
+    colours = {"decode": theme.series[1], "prefill": theme.series[2]}
+    for p in data["points"]:
+        y = p["attained"] / 1e12
+        ax.plot([p["intensity"]], [y], "o", color=colours[p["phase"]], markersize=7)
+        ax.annotate(f"{p['phase']} B={p['batch']:,}", (p["intensity"], y), xytext=(0, -10), textcoords="offset points",
+                    ha="center", va="top", color=colours[p["phase"]], fontweight="bold")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    from matplotlib.ticker import FuncFormatter
 
-    if peak8:
-        roof(peak8, "fp8", "fp8 dense")
-    roof(peak, "bf16", "bf16 dense")
-    # The bandwidth slope, labelled along its length.
-    lx = 2.0
-    angle = -math.degrees(math.atan2(ys(bw * lx * 4) - ys(bw * lx), xs(lx * 4) - xs(lx)))
-    body.append(_text(xs(lx), ys(bw * lx) - 8, f"HBM {bw:g} TB/s", "plot-note", "start",
-                      f' transform="rotate({_fmt(-angle)} {_fmt(xs(lx))} {_fmt(ys(bw * lx) - 8)})"'))
-    for i, p in enumerate(points):
-        attained = min(peak, bw * p.intensity)
-        x, y = xs(p.intensity), ys(attained)
-        cls = f"plot-point plot-point--{p.phase}"
-        body.append(f'<circle cx="{_fmt(x)}" cy="{_fmt(y)}" r="5.5" class="{cls}"><title>{_esc(p.label)}: '
-                    f'{p.intensity:,.1f} FLOP/B, {attained:,.0f} TFLOP/s at the roof</title></circle>')
-        # Below the roof is empty space: every label goes under its point.
-        body.append(_text(x, y + 20, p.label, f"plot-point-label plot-point-label--{p.phase}", "middle"))
-    title = f"Roofline of the {gpu.display_name} with {model.display_name} decode and prefill steps"
-    return _svg(width, height, title, body, "plot--roofline")
+    ax.xaxis.set_major_formatter(FuncFormatter(_tick))
+    ax.yaxis.set_major_formatter(FuncFormatter(_tick))
+    ax.set_xlim(0.5, 20000)
+    top = max(r["flops"] for r in data["roofs"]) / 1e12
+    ax.set_ylim(0.5, top * 8)  # room above the flat roof for its label
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("attainable TFLOP/s")
+    ax.grid(True, which="major", linewidth=0.6)
 
 
-def roofline_figure(gpu, model, context: int, decode_batches, prefill_batches, kv_bytes_per_token: int) -> str:
-    points = work_points(model, context, decode_batches, prefill_batches, kv_bytes_per_token)
-    bw, peak = gpu.hbm_bandwidth_tbps, gpu.dense_tflops["bf16"]
-    rows = []
-    for p in points:
-        t_compute = p.flops / (peak * 1e12)
-        t_memory = p.bytes / (bw * 1e12)
-        bound = "memory" if t_memory > t_compute else "compute"
-        rows.append([
-            p.phase, f"{p.batch:,}", f"{p.batch:,} × {p.tokens:,}", _si(p.flops) + "FLOP", _si(p.bytes) + "B",
-            f"{p.intensity:,.1f}", bound, f"{max(t_compute, t_memory) * 1e3:,.2f} ms",
-        ])
-    table = _table(["Step", "Batch", "Tokens", "FLOPs", "Bytes moved", "FLOP/byte", "Bound by",
-                    "Time at the roof"], rows)
+def roofline_figure(roofline, page_url: str, model: str, gpu: str, context: int = 2048,
+                    decode_batches=(1, 256), prefill_batches=(1, 8)) -> str:
+    data = roofline_data(roofline, model, gpu, context, decode_batches, prefill_batches)
+    rows = [[p["phase"], f"{p['batch']:,}", f"{p['batch']:,} × {p['tokens']:,}", _si(p["flops"]) + "FLOP",
+             _si(p["bytes"]) + "B", f"{p['intensity']:,.1f}", p["bound"], f"{p['floor_s'] * 1e3:,.2f} ms"]
+            for p in data["points"]]
+    table = markdown_table(["Step", "Batch", "Tokens", "FLOPs", "Bytes moved", "FLOP/byte", "Bound by",
+                            "Time at the roof"], rows)
+    bf16 = next(r for r in data["roofs"] if r["kind"] == "bf16")
     caption = (
-        f"<strong>{_esc(gpu.display_name)}</strong>: {bw:g} TB/s of HBM bandwidth, {peak:,g} dense bf16 "
-        f"TFLOP/s (datasheet, <code>labs/data/gpus.yaml</code>). Points: {_esc(model.display_name)} in bf16 at "
-        f"{context:,} tokens of context, <em>derived</em> from its config (FLOPs ÷ bytes moved), not measured."
+        f"<strong>{_esc(data['gpu'])}</strong>: {data['bandwidth'] / 1e12:g} TB/s of HBM bandwidth "
+        f"({_esc(data['bandwidth_source'])}), {bf16['flops'] / 1e12:,g} dense bf16 TFLOP/s "
+        f"(<code>labs/data/gpus.yaml</code>). Points: {_esc(data['model'])} in bf16 at {data['context']:,} tokens of "
+        "context, <em>derived</em> by the cost model (<code>labs/roofline.py</code>), not measured."
     )
-    return _figure(roofline_svg(gpu, model, points), caption, table)
+    title = f"Roofline of the {data['gpu']} with {data['model']} decode and prefill steps"
+    return plotting.figure(f"roofline-{gpu}-{model}-{context}", page_url, draw_roofline, data, title=title,
+                           caption=caption, table=table, size=(6.4, 3.9))
 
 
 # ---------------------------------------------------------------------------
-# KV budget per model
+# KV budget per model (cost model: kv_pool at the smallest TP that fits)
 # ---------------------------------------------------------------------------
 
 BUDGET_SEGMENTS = (
-    # (Budget field or key, legend label, css modifier)
-    ("weights", "weights", "weights"),
-    ("overhead", "activations, workspaces, CUDA graphs (estimated)", "overhead"),
-    ("kv_pool", "KV pool", "kv"),
-    ("headroom", "left out by gpu_memory_utilization", "headroom"),
+    # (key, legend label, series index or None for the outlined headroom)
+    ("weights", "weights", 0),
+    ("overhead", "activations, workspaces, CUDA graphs (estimated)", 4),
+    ("kv_pool", "KV pool", 2),
+    ("headroom", "left out by gpu_memory_utilization", None),
 )
 
 
-def smallest_fitting_tp(budget_fn: Callable, model, gpu, max_model_len: int, choices=(1, 2, 4, 8)):
-    """The budget at the smallest tensor-parallel size (of `choices`) at which one full request fits."""
-    last_error = None
-    for tp in choices:
-        try:
-            b = budget_fn(model, gpu, max_model_len, tensor_parallel_size=tp)
-        except ValueError as err:  # TP that the heads do not divide
-            last_error = err
-            continue
-        if b.error is None:
-            return b
-        last_error = b.error
-    raise PlotError(f"{model.name} on {gpu.name}: no TP in {choices} fits one {max_model_len}-token request "
-                    f"({last_error})")
+def kv_budget_data(roofline, models: list[str], gpu: str, max_model_len: int) -> dict:
+    bars = []
+    for name in models:
+        dep = roofline.smallest_tp(_model(name), _gpu(gpu), max_model_len)
+        if dep is None:
+            raise PlotError(f"{name} on {gpu}: no TP of 1, 2, 4 or 8 fits one {max_model_len:,}-token request")
+        b = roofline.kv_pool(dep, max_model_len)
+        bars.append({"model": dep.model.display_name, "tp": dep.tp, "weights": b.weights,
+                     "overhead": b.activation_peak + b.non_torch + b.cudagraph, "kv_pool": max(b.kv_pool, 0),
+                     "headroom": b.total_memory - b.requested_memory, "total": b.total_memory,
+                     "kv_bytes_per_token": b.kv_bytes_per_token, "max_concurrency": b.max_concurrency,
+                     "total_measured": b.total_measured})
+    return {"gpu": _gpu(gpu).display_name, "max_model_len": max_model_len, "bars": bars}
 
 
-def kv_budget_svg(budgets: list, model_names: dict[str, str]) -> str:
-    """Stacked bars, one per model: where one GPU's memory goes, and the concurrency the KV pool buys."""
-    row_h, top, left, right_label = 34, 44, 250, 110
-    width = 760
-    height = top + row_h * len(budgets) + 24
-    total = max(b.total_memory for b in budgets)
-    xs = Scale(0, total / GIB, left, width - right_label)
-    body = []
-    # Legend.
-    lx = 20
-    for _, label, mod in BUDGET_SEGMENTS:
-        body.append(f'<rect x="{_fmt(lx)}" y="10" width="12" height="12" class="plot-seg plot-seg--{mod}"/>')
-        body.append(_text(lx + 17, 21, label, "plot-note"))
-        lx += 17 + 6.6 * len(label) + 16  # about 6.6 px per character at 12 px
-    for tick in range(0, int(total / GIB) + 1, 20):
-        x = xs(tick)
-        body.append(_line(x, top - 6, x, height - 22, "plot-grid"))
-        body.append(_text(x, height - 6, f"{tick} GiB", "plot-tick", "middle"))
-    for i, b in enumerate(budgets):
-        y = top + i * row_h
-        values = {
-            "weights": b.weights,
-            "overhead": b.activation_peak + b.non_torch + b.cudagraph,
-            "kv_pool": max(b.kv_pool, 0),
-            "headroom": b.total_memory - b.requested_memory,
-        }
-        name = model_names[b.model] + (f" (TP={b.tensor_parallel_size})" if b.tensor_parallel_size > 1 else "")
-        body.append(_text(left - 10, y + row_h / 2 + 4, name, "plot-tick", "end"))
-        x = xs(0)
-        for key, label, mod in BUDGET_SEGMENTS:
-            w = xs(values[key] / GIB) - xs(0)
-            body.append(f'<rect x="{_fmt(x)}" y="{_fmt(y + 5)}" width="{_fmt(max(w, 0))}" height="{row_h - 10}" '
-                        f'class="plot-seg plot-seg--{mod}"><title>{_esc(label)}: {values[key] / GIB:,.1f} GiB'
-                        f'</title></rect>')
-            x += w
-        body.append(_text(xs(b.total_memory / GIB) + 8, y + row_h / 2 + 4,
-                          f"{b.max_concurrency:,.1f} requests", "plot-note"))
-    return _svg(width, height, "Where one GPU's memory goes, per model, and how many full-length requests "
-                "its KV pool holds", body, "plot--budget")
+def _model(name: str):
+    from labs import specs
+
+    return specs.get_model(name)
 
 
-def kv_budget_figure(budgets: list, model_names: dict[str, str], gpu, max_model_len: int, vllm_version: str) -> str:
-    rows = [[
-        model_names[b.model], str(b.tensor_parallel_size), f"{b.weights / GIB:,.1f}",
-        f"{(b.activation_peak + b.non_torch + b.cudagraph) / GIB:,.1f}", f"{b.kv_pool / GIB:,.1f}",
-        f"{b.kv_bytes_per_token:,}", f"{b.max_concurrency:,.1f}",
-    ] for b in budgets]
-    table = _table(["Model", "TP", "Weights (GiB/GPU)", "Overhead (GiB, estimated)", "KV pool (GiB)",
-                    "KV bytes/token/GPU", f"Max concurrency at {max_model_len:,}"], rows)
+def _gpu(name: str):
+    from labs import specs
+
+    return specs.get_gpu(name)
+
+
+def draw_kv_budget(ax, theme, data: dict) -> None:
+    bars = data["bars"]
+    labels = [b["model"] + (f" (TP={b['tp']})" if b["tp"] > 1 else "") for b in bars]
+    ys = list(range(len(bars)))[::-1]
+    left = [0.0] * len(bars)
+    for key, label, colour in BUDGET_SEGMENTS:
+        widths = [b[key] / GIB for b in bars]
+        style = (dict(color=theme.series[colour]) if colour is not None
+                 else dict(fill=False, edgecolor=theme.frame, linestyle="--", linewidth=1))
+        ax.barh(ys, widths, left=left, height=0.62, label=label, **style)
+        left = [lo + w for lo, w in zip(left, widths)]
+    for y, b, x in zip(ys, bars, left):
+        # Counts that must fit round down: "3.9 requests" would be read as 4.
+        ax.annotate(f"{int(b['max_concurrency']):,} requests", (x, y), xytext=(6, 0), textcoords="offset points",
+                    va="center", color=theme.text)
+    ax.set_yticks(ys, labels)
+    ax.set_xlim(0, max(left) * 1.32)
+    ax.set_xlabel(f"GiB per GPU (max concurrency at {data['max_model_len']:,} tokens)")
+    ax.grid(True, axis="x", linewidth=0.6)
+    ax.figure.legend(loc="outside lower center", ncols=2, frameon=False)
+
+
+def kv_budget_figure(roofline, page_url: str, gpu: str, max_model_len: int, models: list[str],
+                     vllm_version: str) -> str:
+    data = kv_budget_data(roofline, models, gpu, max_model_len)
+    rows = [[b["model"], str(b["tp"]), f"{b['weights'] / GIB:,.1f}", f"{b['overhead'] / GIB:,.1f}",
+             f"{b['kv_pool'] / GIB:,.1f}", f"{b['kv_bytes_per_token']:,}", f"{int(b['max_concurrency']):,}"]
+            for b in data["bars"]]
+    table = markdown_table(["Model", "TP", "Weights (GiB/GPU)", "Overhead (GiB, estimated)", "KV pool (GiB)",
+                            "KV bytes/token/GPU", f"Requests at {max_model_len:,} tokens"], rows)
+    total = data["bars"][0]["total"]
+    measured = "as CUDA reports it" if data["bars"][0]["total_measured"] else "nvidia-smi's total, an upper bound"
     caption = (
-        f"One {_esc(gpu.display_name)} ({budgets[0].total_memory / GIB:,.1f} GiB as CUDA reports it) under vLLM "
-        f"{vllm_version} defaults, each model at the smallest tensor-parallel size that fits one "
-        f"{max_model_len:,}-token request. <em>Derived</em> by <code>labs.kv_sizing.budget</code>; the overhead "
-        "terms are the lab's labelled estimates."
+        f"One {_esc(data['gpu'])} ({total / GIB:,.1f} GiB, {measured}) under vLLM {vllm_version} defaults, each "
+        f"model at the smallest tensor-parallel size that fits one {max_model_len:,}-token request. "
+        "<em>Derived</em> by the cost model (<code>labs/roofline.py</code> <code>kv_pool</code>); the overhead "
+        "terms are the lab's labelled estimates. Requests round down: a part of one does not run."
     )
-    return _figure(kv_budget_svg(budgets, model_names), caption, table)
+    height = 1.6 + 0.42 * len(data["bars"])
+    return plotting.figure(f"kv-budget-{gpu}-{max_model_len}-{len(models)}", page_url, draw_kv_budget, data,
+                           title=f"Where one {data['gpu']}'s memory goes, per model, and how many full-length "
+                                 "requests its KV pool holds", caption=caption, table=table, size=(6.4, height))
 
 
 # ---------------------------------------------------------------------------
-# Measured: the paged-attention kernel against the copy bandwidth
+# Measured: the paged-attention kernel against the copy bandwidth (recorded results)
 # ---------------------------------------------------------------------------
 
 
-def paged_attention_svg(label: str, rows: list[dict]) -> str:
-    """Per shape: the kernel's achieved TB/s and SDPA's, against the device's measured copy bandwidth."""
-    copies = {r["run"]["copy_tb_s"] for r in rows}
-    copy = max(copies)  # one run, one value; rows of several runs show the highest they were measured against
-    row_h, top, left = 30, 40, 150
-    width = 720
-    height = top + row_h * len(rows) + 40
-    hi = max([copy, *(r["tb_s"] for r in rows), *(r["kv_bytes"] / r["sdpa_time_us"] / 1e6 for r in rows)]) * 1.08
-    xs = Scale(0, hi, left, width - 30)
-    body = [
-        f'<rect x="{left}" y="10" width="12" height="12" class="plot-seg plot-seg--kv"/>',
-        _text(left + 17, 21, "paged kernel (Triton)", "plot-note"),
-        f'<circle cx="{left + 186}" cy="16" r="5" class="plot-point plot-point--sdpa"/>',
-        _text(left + 196, 21, "PyTorch SDPA, contiguous KV", "plot-note"),
-    ]
-    step = 0.5 if hi < 4 else 1
-    tick = 0.0
-    while tick <= hi:
-        x = xs(tick)
-        body.append(_line(x, top - 6, x, height - 34, "plot-grid"))
-        body.append(_text(x, height - 20, f"{tick:g}", "plot-tick", "middle"))
-        tick += step
-    body.append(_text((xs.start + xs.end) / 2, height - 4, "achieved bandwidth, TB/s (KV bytes ÷ time)",
-                      "plot-label", "middle"))
-    for i, r in enumerate(rows):
-        y = top + i * row_h
-        sdpa = r["kv_bytes"] / r["sdpa_time_us"] / 1e6
-        body.append(_text(left - 10, y + row_h / 2 + 4, r["shape"], "plot-tick", "end"))
-        body.append(f'<rect x="{left}" y="{_fmt(y + 6)}" width="{_fmt(xs(r["tb_s"]) - left)}" height="{row_h - 12}" '
-                    f'class="plot-seg plot-seg--kv"><title>{_esc(r["shape"])}: {r["tb_s"]:.2f} TB/s, '
-                    f'{r["copy_fraction"]:.0%} of copy</title></rect>')
-        body.append(f'<circle cx="{_fmt(xs(sdpa))}" cy="{_fmt(y + row_h / 2)}" r="5" class="plot-point '
-                    f'plot-point--sdpa"><title>SDPA: {sdpa:.2f} TB/s</title></circle>')
-    x = xs(copy)
-    body.append(_line(x, top - 8, x, height - 34, "plot-roof plot-roof--copy"))
-    body.append(_text(x - 4, top - 12, f"copy {copy:.2f} TB/s", "plot-note", "end"))
-    return _svg(width, height, f"Paged decode kernel bandwidth per shape on {label}", body, "plot--paged")
+def draw_paged_attention(ax, theme, data: dict) -> None:
+    rows = data["rows"]
+    ys = list(range(len(rows)))[::-1]
+    ax.barh(ys, [r["tb_s"] for r in rows], height=0.6, color=theme.series[2], label="paged kernel (Triton)")
+    ax.plot([r["sdpa_tb_s"] for r in rows], ys, "D", color=theme.series[3], markersize=6,
+            label="PyTorch SDPA, contiguous KV")
+    ax.axvline(data["copy_tb_s"], color=theme.text, linestyle="--", linewidth=1.2)
+    ax.annotate(f"copy {data['copy_tb_s']:.2f} TB/s", (data["copy_tb_s"], 1), xycoords=("data", "axes fraction"),
+                xytext=(-4, 2), textcoords="offset points", ha="right", va="bottom", color=theme.muted)
+    ax.set_yticks(ys, [r["shape"] for r in rows])
+    ax.set_xlabel("achieved bandwidth, TB/s (KV bytes ÷ time)")
+    ax.set_xlim(0, max([data["copy_tb_s"], *(r["tb_s"] for r in rows), *(r["sdpa_tb_s"] for r in rows)]) * 1.08)
+    ax.grid(True, axis="x", linewidth=0.6)
+    ax.figure.legend(loc="outside lower center", ncols=2, frameon=False)
 
 
-def paged_attention_figures(gpu: str, path: Path | None = None, with_table: bool = True) -> str:
+def paged_attention_figures(page_url: str, gpu: str, path: Path | None = None, with_table: bool = True) -> str:
     """The named GPU's figure; `with_table=False` where the page already shows the results table."""
     from labs.paged_attention.report import load_results  # the lab owns its file
 
@@ -386,19 +249,27 @@ def paged_attention_figures(gpu: str, path: Path | None = None, with_table: bool
     from labs.paged_attention.bench import table_rows
 
     shapes = table_rows(m.rows, "shapes")  # the equal-length shapes; the lab page tabulates the other tables
+    copy = max(r["run"]["copy_tb_s"] for r in shapes)  # rows of several runs: the highest copy they were measured against
+    data = {"gpu": m.label, "copy_tb_s": copy,
+            "rows": [{"shape": r["shape"], "tb_s": r["tb_s"],
+                      "sdpa_tb_s": r["kv_bytes"] / r["sdpa_time_us"] / 1e6} for r in shapes]}
     rows = [[
         r["shape"], f"{r['batch']}", f"{r['context_len']:,}", f"{r['q_heads']}/{r['kv_heads']}",
         f"{r['kv_bytes'] / 2**20:,.1f}", f"{r['time_us']:,.1f}", f"{r['tb_s']:.2f}", f"{r['copy_fraction']:.0%}",
         f"{r['sdpa_time_us']:,.1f}",
     ] for r in shapes]
-    table = _table(["Shape", "Batch", "Context", "Heads q/kv", "KV read (MiB)", "Kernel (µs)", "TB/s",
-                    "of copy", "SDPA (µs)"], rows)
+    table = markdown_table(["Shape", "Batch", "Context", "Heads q/kv", "KV read (MiB)", "Kernel (µs)", "TB/s",
+                            "of copy", "SDPA (µs)"], rows)
     runs = "; ".join(
         f"measured {_esc(run['date'])} (torch {_esc(run['torch'])}, Triton {_esc(run['triton'])}, "
         f"CUDA {_esc(run['cuda'])}), copy bandwidth in the same run {run['copy_tb_s']:.2f} TB/s"
         for run in m.runs)
     caption = f"<strong>{_esc(m.label)}</strong>, {runs}. Median of CUDA-graph replays with the L2 cleared."
-    return _figure(paged_attention_svg(m.label, shapes), caption, table if with_table else "")
+    slug = "".join(c if c.isalnum() else "-" for c in m.label.lower())
+    return plotting.figure(f"paged-attention-{slug}", page_url, draw_paged_attention, data,
+                           title=f"Paged decode kernel bandwidth per shape on {m.label}",
+                           caption=caption, table=table if with_table else "",
+                           size=(6.4, 1.6 + 0.36 * len(data["rows"])))
 
 
 # ---------------------------------------------------------------------------
@@ -406,7 +277,19 @@ def paged_attention_figures(gpu: str, path: Path | None = None, with_table: bool
 # ---------------------------------------------------------------------------
 
 
-def calculator_data(specs, formula, memory_budget, vllm_version: str) -> dict:
+# vLLM refuses a --max-model-len past the model's derived length unless this is 1
+# (vllm/config/model.py, _get_and_verify_max_len; labs/data/vllm.yaml env_vars).
+LONG_MAX_MODEL_LEN_ENV = "VLLM_ALLOW_LONG_MAX_MODEL_LEN"
+# The first sentences of that refusal, as vLLM 0.33 words it (tests/test_plots.py checks them
+# against the installed vLLM); the calculator fills in the numbers.
+MAX_MODEL_LEN_ERROR = (
+    "User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
+    "(max_position_embeddings={limit} or model_max_length=None in model's config.json). "
+    "To allow overriding this maximum, set the env var {env}=1."
+)
+
+
+def calculator_data(specs, formula, memory_budget, vllm_version: str, facts: dict | None = None) -> dict:
     """Everything the in-page calculator needs, read from the same modules the Python lab uses.
 
     The calculator mirrors labs/kv_sizing/formula.py and memory_budget.budget in
@@ -415,8 +298,13 @@ def calculator_data(specs, formula, memory_budget, vllm_version: str) -> dict:
     once. Three values are exported already derived: a model's weight bytes
     (stated parameter count x bytes per parameter), a GPU's total memory as vLLM
     sees it (labs.specs `memory_bytes_budget`), and vLLM's per-GPU batch
-    defaults (memory_budget.vllm_batch_defaults).
+    defaults (memory_budget.vllm_batch_defaults). The environment variable
+    that lifts vLLM's cap at max_position_embeddings is named from the vLLM
+    facts file (`facts`), which the tests check against vLLM's source.
     """
+    env_name = LONG_MAX_MODEL_LEN_ENV
+    if facts is not None and env_name not in facts.get("env_vars", {}):
+        raise PlotError(f"the vLLM facts file has no environment variable {env_name}")
     models = {}
     for name, m in specs.all_models().items():
         models[name] = {
@@ -447,6 +335,8 @@ def calculator_data(specs, formula, memory_budget, vllm_version: str) -> dict:
         "non_torch": memory_budget.NON_TORCH_ESTIMATE,
         "non_torch_tp_extra": memory_budget.NON_TORCH_TP_EXTRA,
         "cudagraph": memory_budget.CUDAGRAPH_ESTIMATE,
+        "long_max_model_len_env": env_name,
+        "max_model_len_error": MAX_MODEL_LEN_ERROR,
         "models": models,
         "gpus": gpus,
     }

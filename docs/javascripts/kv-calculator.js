@@ -19,8 +19,28 @@
 
   var GIB = 1073741824;
 
-  function InputError(message) {
+  // An input the page or vLLM refuses. `vllm` is vLLM's own message, where vLLM prints one.
+  function InputError(message, vllm) {
     this.message = message;
+    this.vllm = vllm || null;
+  }
+
+  function plural(count, one, many) {
+    return n(count) + " " + (count === 1 ? one : (many || one + "s"));
+  }
+
+  // vLLM's ValueError for a context past the model's trained length (vllm/config/model.py,
+  // _get_and_verify_max_len), worded in the data (plots.py) with the numbers as vLLM prints them.
+  function checkMaxModelLen(data, model, L) {
+    var limit = model.max_position_embeddings;
+    if (L <= limit) return;
+    throw new InputError(
+      "the context length " + n(L) + " is past " + model.display_name + "'s " + n(limit) +
+        " positions (max_position_embeddings). vLLM refuses to start; " + data.long_max_model_len_env +
+        "=1 overrides the check, and past the trained length a RoPE model's outputs turn to NaN",
+      data.max_model_len_error.replace("{max_model_len}", String(L)).replace("{limit}", String(limit))
+        .replace("{env}", data.long_max_model_len_env)
+    );
   }
 
   function cdiv(a, b) {
@@ -164,6 +184,7 @@
     var tp = input.tensor_parallel_size;
     if (!(Number.isInteger(L) && L >= 1)) throw new InputError("the context length must be a positive whole number of tokens");
     if (!(util > 0 && util <= 1)) throw new InputError("gpu_memory_utilization must be in (0, 1]");
+    checkMaxModelLen(data, model, L);
     checkTensorParallel(model, tp);
     var blockSize = defaultBlockSize(data, model);
     var kvDtype = input.kv_cache_dtype === "auto" ? servingDtype(model) : input.kv_cache_dtype;
@@ -191,9 +212,9 @@
     if (kvPool <= 0) {
       error = "No available memory for the cache blocks: the weights and the runtime overhead take the whole budget.";
     } else if (perSeq > checkMemory) {
-      error = "One request at the full context needs " + (perSeq / GIB).toFixed(2) + " GiB of KV cache, more than the " +
-        (checkMemory / GIB).toFixed(2) + " GiB available." +
-        (estimatedLen > 0 ? " The longest context that fits is " + estimatedLen.toLocaleString("en-US") + " tokens." : "");
+      error = "One request at the full context needs " + gib(perSeq) + " of KV cache, more than the " +
+        gib(checkMemory) + " available." +
+        (estimatedLen > 0 ? " The longest context that fits is " + plural(estimatedLen, "token") + "." : "");
     }
     var concurrency = bpr ? numBlocks / bpr : 0;
     return {
@@ -311,14 +332,15 @@
     } else {
       var fit = Math.floor(r.max_concurrency);
       var batch = r.max_num_seqs;
-      var whose = r.defaulted_batch ? "vLLM's default batch cap of " + n(batch) + " requests"
-                                    : "A batch of " + n(batch) + " requests";
+      var whose = r.defaulted_batch ? "vLLM's default batch cap of " + plural(batch, "request")
+                                    : "A batch of " + plural(batch, "request");
+      var each = batch === 1 ? " tokens" : " tokens each";
       verdict.classList.add(fit >= batch ? "kv-calculator__verdict--ok" : "kv-calculator__verdict--short");
       verdict.textContent = fit >= batch
-        ? whose + " at " + n(r.max_model_len) + " tokens each fits: the pool holds " + n(fit) + " such requests."
-        : whose + " at " + n(r.max_model_len) + " tokens each would need " + n(batch * r.blocks_per_request) +
-          " blocks; the pool has " + n(r.num_blocks) + ", so " + n(fit) + " run at once at full length. " +
-          "Shorter requests fit more; past that, the scheduler preempts.";
+        ? whose + " at " + n(r.max_model_len) + each + " fits: the pool holds " + plural(fit, "such request") + "."
+        : whose + " at " + n(r.max_model_len) + each + " would need " + plural(batch * r.blocks_per_request, "block") +
+          "; the pool has " + n(r.num_blocks) + ", so " + n(fit) + (fit === 1 ? " runs" : " run") +
+          " at once at full length. Shorter requests fit more; past that, the scheduler preempts.";
     }
     out.appendChild(verdict);
 
@@ -356,10 +378,44 @@
     };
   }
 
+  // -------------------------------------------------------------------------
+  // State in the address: a link or Back brings the same inputs back
+  // -------------------------------------------------------------------------
+
+  var FIELDS = ["model", "gpu", "max_model_len", "kv_cache_dtype", "tensor_parallel_size",
+                "gpu_memory_utilization", "max_num_seqs"];
+
+  function restore(form) {
+    var params = new URLSearchParams(location.search);
+    FIELDS.forEach(function (name) {
+      if (!params.has(name)) return;
+      var field = form.elements[name];
+      var value = params.get(name);
+      if (field.tagName === "SELECT" && !Array.from(field.options).some(function (o) { return o.value === value; })) {
+        return; // a stale or mistyped link: keep the default rather than an empty choice
+      }
+      field.value = value;
+    });
+  }
+
+  function save(form) {
+    var url = new URL(location.href);
+    FIELDS.forEach(function (name) {
+      var field = form.elements[name];
+      if (field.value.trim() === field.dataset.initial) url.searchParams.delete(name);
+      else url.searchParams.set(name, field.value.trim());
+    });
+    if (url.href !== location.href) history.replaceState(history.state, "", url.href);
+  }
+
   function update(container, data) {
     var form = container.querySelector("form");
     var input = readInput(form);
+    var model = data.models[input.model];
     form.elements.max_num_seqs.placeholder = "vLLM default: " + data.gpus[input.gpu].max_num_seqs;
+    form.elements.max_model_len.max = model.max_position_embeddings;
+    container.querySelector("[data-hint=max_model_len]").textContent =
+      "up to " + n(model.max_position_embeddings) + " (the model's max_position_embeddings)";
     try {
       if (input.max_num_seqs !== null && !(Number.isInteger(input.max_num_seqs) && input.max_num_seqs >= 1)) {
         throw new InputError("the batch (max_num_seqs) must be a positive whole number");
@@ -370,10 +426,15 @@
       render(container, data, result);
     } catch (error) {
       if (!(error instanceof InputError)) throw error;
-      container.kvResult = { error: error.message, invalid: true };
+      container.kvResult = { error: error.message, invalid: true, vllm_error: error.vllm };
       var out = container.querySelector(".kv-calculator__results");
       out.textContent = "";
       out.appendChild(h("p", "kv-calculator__verdict kv-calculator__verdict--error", "Check the input: " + error.message + "."));
+      if (error.vllm) {
+        var quote = h("pre", "kv-calculator__vllm-error");
+        quote.appendChild(h("code", null, "ValueError: " + error.vllm));
+        out.appendChild(quote);
+      }
     }
   }
 
@@ -381,8 +442,14 @@
     document.querySelectorAll("[data-kv-calculator]").forEach(function (container) {
       var data = JSON.parse(container.dataset.kvCalculator);
       var form = container.querySelector("form");
-      form.addEventListener("input", function () { update(container, data); });
-      form.addEventListener("change", function () { update(container, data); });
+      FIELDS.forEach(function (name) { form.elements[name].dataset.initial = form.elements[name].value.trim(); });
+      restore(form);
+      var changed = function () {
+        update(container, data);
+        save(form);
+      };
+      form.addEventListener("input", changed);
+      form.addEventListener("change", changed);
       form.addEventListener("submit", function (event) { event.preventDefault(); });
       update(container, data);
     });

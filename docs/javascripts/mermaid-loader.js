@@ -33,6 +33,29 @@
     return loading;
   }
 
+  // Diagrams keep a minimum width at which their text (16 px in the diagram's
+  // own units) is at least 11.5 px on screen; below it the frame scrolls
+  // (docs/javascripts/scroll-cue.js says so) instead of shrinking the text.
+  var BASE_FONT_PX = 16;
+  var MIN_TEXT_PX = 11.5;
+
+  function withMinimumWidth(svg) {
+    var box = /viewBox="[-\d.]+ [-\d.]+ ([\d.]+) [\d.]+"/.exec(svg);
+    if (!box) return svg;
+    var minWidth = Math.ceil(parseFloat(box[1]) * MIN_TEXT_PX / BASE_FONT_PX);
+    return svg.replace(/<svg([^>]*?)style="([^"]*)"/, function (tag, attrs, style) {
+      return "<svg" + attrs + 'style="' + style + "; min-width: " + minWidth + 'px"';
+    });
+  }
+
+  // Material draws each diagram in a closed shadow root; an open one lets the
+  // page's scripts (scroll-cue.js) and the browser tests measure what it drew.
+  var attachShadow = Element.prototype.attachShadow;
+  Element.prototype.attachShadow = function (init) {
+    if (this.classList && this.classList.contains("mermaid")) init = Object.assign({}, init, { mode: "open" });
+    return attachShadow.call(this, init);
+  };
+
   window.mermaid = {
     initialize: function (options) {
       settings = options || {};
@@ -40,6 +63,8 @@
     render: function (id, text) {
       return load().then(function (mermaid) {
         return mermaid.render(id, text);
+      }).then(function (result) {
+        return Object.assign({}, result, { svg: withMinimumWidth(result.svg) });
       });
     }
   };

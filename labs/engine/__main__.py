@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 
+from labs import cli
 from labs.engine.config import ConfigError, ModelConfig, supported_models
 from labs.paged_attention.cache import SUPPORTED_BLOCK_SIZES
 
@@ -64,7 +65,7 @@ def parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("model")
     m.add_argument("--model", default="llama-3.1-8b",
                    help=f"model from labs/data/models.yaml, random weights (one of: {', '.join(supported_models())})")
-    m.add_argument("--weights", metavar="DIR", help="local Hugging Face folder (config.json, *.safetensors, tokenizer.json)")
+    m.add_argument("--weights", metavar="DIR", type=cli.existing_dir, help="local Hugging Face folder (config.json, *.safetensors, tokenizer.json)")
     m.add_argument("--layers", type=_int(1, 1000), help="keep only the first N layers (default: all)")
     m.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
                    help="default: bfloat16 on CUDA, float32 on CPU")

@@ -16,8 +16,6 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from labs import specs
 from labs.specs import SpecError
 
@@ -78,15 +76,15 @@ class ModelConfig:
         if m.moe or m.mla or m.sliding_window or m.qkv_bias:
             raise ConfigError(f"{name} is not a plain Llama-family decoder (MoE, MLA, sliding windows or q/k/v bias); "
                               f"the engine runs {', '.join(supported_models())}")
-        entry = yaml.safe_load(specs.MODELS_FILE.read_text())["models"][name]
-        if "rope_theta" not in entry:
+        if m.rope_theta is None:
             raise ConfigError(f"{name} has no rope_theta in labs/data/models.yaml; "
                               f"the engine runs {', '.join(supported_models())}")
         return cls(name=name, n_layers=m.n_layers, hidden_size=m.hidden_size, n_heads=m.n_heads,
                    n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, intermediate_size=m.intermediate_size,
                    vocab_size=m.vocab_size, max_position_embeddings=m.max_position_embeddings,
-                   rms_norm_eps=float(entry.get("rms_norm_eps", 1e-5)), rope_theta=float(entry["rope_theta"]),
-                   rope_scaling=_rope_scaling(entry.get("rope_scaling"), name),
+                   rms_norm_eps=float(m.rms_norm_eps if m.rms_norm_eps is not None else 1e-5),
+                   rope_theta=float(m.rope_theta),
+                   rope_scaling=_rope_scaling(dataclasses.asdict(m.rope_scaling) if m.rope_scaling else None, name),
                    tie_word_embeddings=m.tie_word_embeddings)
 
     @classmethod
@@ -154,8 +152,7 @@ def _rope_scaling(raw: dict | None, where: str) -> RopeScaling | None:
 
 def supported_models() -> list[str]:
     """Names in labs/data/models.yaml the engine can build (they carry RoPE fields)."""
-    entries = yaml.safe_load(specs.MODELS_FILE.read_text())["models"]
-    return [n for n, e in entries.items() if "rope_theta" in e]
+    return [n for n, m in specs.all_models().items() if m.rope_theta is not None]
 
 
 @dataclass(frozen=True)

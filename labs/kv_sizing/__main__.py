@@ -15,41 +15,57 @@ import argparse
 import json
 import sys
 
-from labs import specs
+from labs import cli, specs
 from labs.kv_sizing import formula
 from labs.kv_sizing.memory_budget import DEFAULT_GPU_MEMORY_UTILIZATION, GIB, budget
 
 
+# Far above any real value, low enough that no product of them overflows a table.
+MAX_TOKENS = 1 << 24
+MAX_SEQS = 1 << 16
+# A memory amount in GiB: finite and not negative (NaN or inf cannot be itemised).
+GIB_AMOUNT = cli.finite_float(0.0, 1e6, unit="GiB")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = cli.Parser(
         prog="python -m labs.kv_sizing",
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Models: " + ", ".join(specs.all_models()) + "\nGPUs: " + ", ".join(specs.all_gpus()),
     )
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", default="llama-3.1-8b", help="model name from labs/data/models.yaml (default: %(default)s)")
-    src.add_argument("--config", metavar="PATH", help="a local Hugging Face config.json instead of --model")
-    p.add_argument("--gpu", default="h200", help="GPU name from labs/data/gpus.yaml (default: %(default)s)")
-    p.add_argument("--max-model-len", type=int, default=None,
-                   help="context length one request may reach, in tokens (default: the model's max_position_embeddings)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
-                   help="fraction of the GPU's total memory this instance may use (vLLM 0.33 default: %(default)s)")
-    p.add_argument("--block-size", type=int, default=None,
-                   help="tokens per KV block (default: 16, or 64 for MLA models, as vLLM picks on Hopper)")
+    src.add_argument("--model", default="llama-3.1-8b", type=cli.choice(specs.all_models(), "model"),
+                     help="model name from labs/data/models.yaml (default: %(default)s)")
+    src.add_argument("--config", metavar="PATH", type=cli.existing_file,
+                     help="a local Hugging Face config.json instead of --model")
+    p.add_argument("--gpu", default="h200", type=cli.choice(specs.all_gpus(), "GPU"),
+                   help="GPU name from labs/data/gpus.yaml (default: %(default)s)")
+    p.add_argument("--max-model-len", type=cli.bounded_int(1, MAX_TOKENS), default=None,
+                   help="context length one request may reach, in tokens, up to the model's "
+                        "max_position_embeddings (default: that maximum)")
+    p.add_argument("--gpu-memory-utilization", type=cli.fraction, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                   help="fraction of the GPU's total memory this instance may use, in (0, 1] "
+                        "(vLLM 0.33 default: %(default)s)")
+    # vLLM 0.33's CUDA attention backends take kernel blocks that are multiples of 16
+    # (FlashAttention, Triton and FlashAttention-MLA: MultipleOf(16)); a block size
+    # no such kernel block divides fails at start-up.
+    p.add_argument("--block-size", type=cli.bounded_int(16, 4096, multiple_of=16), default=None,
+                   help="tokens per KV block, a multiple of 16 up to 4096 "
+                        "(default: 16, or 64 for MLA models, as vLLM picks on Hopper)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=formula.KV_DTYPES,
                    help="KV-cache element type; 'auto' uses the model dtype (default: %(default)s)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
+    p.add_argument("--tensor-parallel-size", type=cli.bounded_int(1, 1024), default=1,
                    help="GPUs the model is split over; the budget is per GPU (default: %(default)s)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+    p.add_argument("--max-num-batched-tokens", type=cli.bounded_int(1, MAX_TOKENS), default=None,
                    help="tokens per scheduler step, which sizes the profiling pass (default: vLLM's per-GPU default)")
-    p.add_argument("--max-num-seqs", type=int, default=None,
+    p.add_argument("--max-num-seqs", type=cli.bounded_int(1, MAX_SEQS), default=None,
                    help="requests per step, which sizes the sampler's logits (default: vLLM's per-GPU default)")
-    p.add_argument("--activation-gib", type=float, default=None,
+    p.add_argument("--activation-gib", type=GIB_AMOUNT, default=None,
                    help="activation peak of the profiling pass in GiB (default: an estimate, labelled as such)")
-    p.add_argument("--non-torch-gib", type=float, default=None,
+    p.add_argument("--non-torch-gib", type=GIB_AMOUNT, default=None,
                    help="non-torch memory and persistent buffers in GiB (default: an estimate)")
-    p.add_argument("--cudagraph-gib", type=float, default=None,
+    p.add_argument("--cudagraph-gib", type=GIB_AMOUNT, default=None,
                    help="CUDA-graph memory in GiB (default: an estimate; 0 with --enforce-eager)")
     p.add_argument("--json", action="store_true", help="print the budget as JSON instead of a table")
     return p
@@ -102,9 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         model = specs.model_from_hf_config(args.config) if args.config else specs.get_model(args.model)
+    except specs.SpecError as exc:
+        cli.reject(parser, "--config", str(exc))
+    if args.max_model_len is not None and args.max_model_len > model.max_position_embeddings:
+        # vLLM 0.33 refuses this at start-up unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
+        cli.reject(parser, "--max-model-len", f"{model.name} allows at most {model.max_position_embeddings:,} tokens "
+                   f"(its max_position_embeddings), got {args.max_model_len:,}")
+    try:
         gpu = specs.get_gpu(args.gpu)
-        if args.max_model_len is not None and args.max_model_len < 1:
-            raise specs.SpecError(f"--max-model-len must be a positive number of tokens, got {args.max_model_len}")
         b = budget(
             model, gpu, args.max_model_len,
             gpu_memory_utilization=args.gpu_memory_utilization,
@@ -118,8 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             cudagraph=_gib(args.cudagraph_gib),
         )
     except specs.SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return cli.fail(str(exc))
     print(json.dumps(b.to_dict(), indent=2) if args.json else _table(b))
     return 0 if b.error is None else 1
 

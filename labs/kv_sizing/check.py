@@ -34,7 +34,6 @@ the pool admits. What carries a tolerance, and why:
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import platform
@@ -45,7 +44,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from labs import specs
+from labs import cli, specs
 from labs.kv_sizing import formula
 from labs.kv_sizing.memory_budget import GIB, budget, estimate_activation_peak
 from labs.paged_attention.cache import BlockAllocator, BlockTables, OutOfBlocksError, PagedKVCache
@@ -392,8 +391,9 @@ def record(report: dict, path: Path | None = None, replace: bool = False):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m labs.kv_sizing.check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, help="folder to write kv_alloc_check.json into")
+    p = cli.Parser(prog="python -m labs.kv_sizing.check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, type=cli.output_dir, metavar="DIR",
+                   help="folder to write kv_alloc_check.json into (created if missing)")
     p.add_argument("--record", action="store_true",
                    help="also merge the configurations into labs/results/kv_alloc_check.json, which the site "
                         "renders; other configurations and GPUs stay, and a failing configuration does not "
@@ -408,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report = run_checks()
     _print(report)
-    out = Path(args.out)
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(report, indent=2) + "\n"
     (out / RESULT_NAME).write_text(text)

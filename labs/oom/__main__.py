@@ -23,6 +23,7 @@ import platform
 import sys
 from pathlib import Path
 
+from labs import cli
 from labs.oom.transcript import format_report
 from labs.recorded import RESULTS_DIR, Machine, RecordedError, record_rows
 
@@ -31,15 +32,16 @@ NAMES = ("kv-too-small", "prefill-activation", "two-instances", "fragmentation")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m labs.oom", description=__doc__.split("\n\n")[0],
+    p = cli.Parser(prog="python -m labs.oom", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--scenario", choices=(*NAMES, "all"),
                    help="which failure to reproduce ('all' runs the four in turn)")
-    p.add_argument("--snapshot", metavar="PATH",
+    p.add_argument("--snapshot", metavar="PATH", type=cli.output_file,
                    help="write a memory snapshot for PyTorch's memory viewer; with 'all', one per scenario "
                         "(PATH gets the scenario name inserted before its suffix)")
-    p.add_argument("--out", metavar="DIR", help="write the report as DIR/oom.json")
+    p.add_argument("--out", metavar="DIR", type=cli.output_dir,
+                   help="write the report as DIR/oom.json (DIR is created if missing)")
     p.add_argument("--record", action="store_true",
                    help="also merge the scenarios run into labs/results/oom.json, which the site renders "
                         "(each with the text printed for it, as 'transcript'); other scenarios and other "
@@ -52,9 +54,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _snapshot_path(base: str | None, name: str, many: bool) -> str | None:
+def _snapshot_path(base: Path | None, name: str, many: bool) -> str | None:
     if not base or not many:
-        return base
+        return str(base) if base else None
     p = Path(base)
     return str(p.with_name(f"{p.stem}-{name}{p.suffix}"))
 
@@ -69,8 +71,11 @@ def record(doc: dict, path: Path | None = None, replace: bool = False):
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    # Every argument is checked before torch or CUDA: a bad flag is reported as such, on any machine.
+    if not args.scenario and not args.fragment_child:
+        cli.reject(parser, "--scenario", "is required: one of " + ", ".join((*NAMES, "all")))
     if args.replace and not args.record:
-        parser.error("--replace only applies with --record")
+        cli.reject(parser, "--replace", "only applies with --record")
     try:
         import torch
     except ImportError:
@@ -83,11 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     from labs.oom import scenarios
 
     if args.fragment_child:
-        print(json.dumps(scenarios.fragment_child(args.snapshot)))
+        print(json.dumps(scenarios.fragment_child(str(args.snapshot) if args.snapshot else None)))
         return 0
-    if not args.scenario:
-        print("error: --scenario is required (one of " + ", ".join((*NAMES, "all")) + ")", file=sys.stderr)
-        return 2
     names = NAMES if args.scenario == "all" else (args.scenario,)
     reports = {}
     for name in names:
@@ -105,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                         "python": platform.python_version()},
            "scenarios": reports}
     if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        (Path(args.out) / "oom.json").write_text(json.dumps(doc, indent=2) + "\n")
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "oom.json").write_text(json.dumps(doc, indent=2) + "\n")
     if args.record:
         try:
             print(record(doc, replace=args.replace))

@@ -117,6 +117,8 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from labs import cli
+
 RESULTS_PATH = Path(__file__).resolve().parents[1] / "results" / "paged_attention.json"
 SCHEMA_VERSION = 1
 # bf16's band for a relative error against fp32 (METHOD: bf16 operands land 1e-3..1e-2).
@@ -204,12 +206,12 @@ def table_of(name: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = cli.Parser(
         prog="python -m labs.paged_attention.bench",
         description="Check the paged decode kernel against an fp32 reference, then time it "
         "against the copy-bandwidth floor and against SDPA on a contiguous cache.",
     )
-    p.add_argument("--out", type=Path, help="folder to write paged_attention.json (and sweep.json) into")
+    p.add_argument("--out", type=cli.output_dir, metavar="DIR", help="folder to write paged_attention.json (and sweep.json) into")
     p.add_argument("--record", action="store_true",
                    help=f"also merge this run's rows into {RESULTS_PATH.relative_to(RESULTS_PATH.parents[2])}: "
                    "the cases timed replace their rows for this GPU, every other row stays")
@@ -217,14 +219,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"run only this table (repeatable); one of {', '.join(TABLES)}")
     p.add_argument("--shape", action="append", choices=sorted(ALL_CASES), metavar="NAME",
                    help="time only this case (repeatable); a name from SHAPES, GROUP_SHAPES or RAGGED")
-    p.add_argument("--tile-n", type=int, help="tokens per loop step (power of 2, >= 16); default: kernel's")
-    p.add_argument("--num-warps", type=int, help="warps per program; default: kernel's")
-    p.add_argument("--num-stages", type=int, help="software-pipeline depth; default: kernel's")
-    p.add_argument("--programs-per-sm", type=int, help="programs that fit on one SM at once, for the split heuristic; default: kernel's")
-    p.add_argument("--num-splits", type=int, help="force this mean split count per sequence (1: no split-K)")
-    p.add_argument("--ragged-waves", type=float, help="waves of programs the plan aims for when lengths differ; default: kernel's")
+    # Triton needs power-of-2 tiles and warp counts; tl.dot needs a tile of at least 16.
+    p.add_argument("--tile-n", type=cli.power_of_two(16, 1024),
+                   help="tokens per loop step (power of 2, 16..1024); default: kernel's")
+    p.add_argument("--num-warps", type=cli.power_of_two(1, 32), help="warps per program (power of 2, 1..32); default: kernel's")
+    p.add_argument("--num-stages", type=cli.bounded_int(1, 8), help="software-pipeline depth (1..8); default: kernel's")
+    p.add_argument("--programs-per-sm", type=cli.bounded_int(1, 64),
+                   help="programs that fit on one SM at once, for the split heuristic (1..64); default: kernel's")
+    p.add_argument("--num-splits", type=cli.bounded_int(1, 128),  # kernel.MAX_SPLITS, which the kernel enforces
+                   help="force this mean split count per sequence (1: no split-K; at most 128)")
+    p.add_argument("--ragged-waves", type=cli.finite_float(0.0, 64.0, lo_open=True),
+                   help="waves of programs the plan aims for when lengths differ, in (0, 64]; default: kernel's")
     p.add_argument("--no-pdl", action="store_true", help="launch the reduction without programmatic dependent launch")
-    p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement, ms (default 100)")
+    # Bounded: a sweep times ~100 configurations per case, each for this long.
+    p.add_argument("--rep-ms", type=cli.bounded_int(1, 10_000), default=100,
+                   help="do_bench repetition time per measurement, ms, 1..10000 (default 100)")
     p.add_argument("--sweep", action="store_true",
                    help="time every tile/warps/stages configuration in SWEEP_CONFIGS at every useful "
                    "split count, per equal-length case; prints the best per case and writes sweep.json to --out; "
@@ -232,8 +241,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="only run the kernel 3 times per case, no checks or timing (for ncu)")
     args = p.parse_args(argv)
-    if args.tile_n is not None and (args.tile_n < 16 or args.tile_n & (args.tile_n - 1)):
-        p.error(f"--tile-n must be a power of 2 and >= 16 (tl.dot's minimum), got {args.tile_n}")
     if args.record and args.sweep:
         p.error("--record writes the default configuration's rows; run it without --sweep")
     if args.record:
@@ -243,21 +250,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if variant:
             p.error(f"--record stores the kernel's default configuration; drop {', '.join(variant)} "
                     "(use --out to keep a variant's rows)")
-    for name in ("tile_n", "num_warps", "num_stages", "programs_per_sm", "num_splits", "rep_ms"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            p.error(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    if args.ragged_waves is not None and not args.ragged_waves > 0:
-        p.error(f"--ragged-waves must be > 0, got {args.ragged_waves}")
     return args
 
 
 def environment(torch, triton) -> dict:
     """GPU, compute capability, SM count, driver and versions; refuses without CUDA or bf16."""
     if not torch.cuda.is_available():
-        sys.exit("error: no CUDA GPU visible (torch.cuda.is_available() is False); this benchmark needs one")
+        # Exit 2, as the other labs do on a machine that cannot run them.
+        print("error: no CUDA GPU visible (torch.cuda.is_available() is False); this benchmark needs one",
+              file=sys.stderr)
+        sys.exit(2)
     if not torch.cuda.is_bf16_supported():
-        sys.exit(f"error: {torch.cuda.get_device_name()} has no bf16 support; the cases are bf16")
+        print(f"error: {torch.cuda.get_device_name()} has no bf16 support; the cases are bf16", file=sys.stderr)
+        sys.exit(2)
     props = torch.cuda.get_device_properties(0)
     try:
         driver = subprocess.run(

@@ -23,7 +23,7 @@ import math
 import sys
 from pathlib import Path
 
-from labs import specs, vllm_facts
+from labs import cli, specs, vllm_facts
 from labs.engine.config import ConfigError
 from labs.serving_sim import scenarios
 from labs.serving_sim.trace import LengthRange
@@ -82,13 +82,6 @@ def _ints(hi: int):
     return parse
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
 def _cases(text: str) -> tuple[tuple[int, int], ...]:
     out = []
     for item in text.split(","):
@@ -118,8 +111,9 @@ def _common(p: argparse.ArgumentParser, *, engine: bool = True, max_num_seqs_def
                    help="KV-cache dtype as vLLM's --kv-cache-dtype: auto, bfloat16, fp8 (default: %(default)s)")
     p.add_argument("--step-overhead-ms", type=_float_in(0, 1000), default=0.0,
                    help="fixed CPU/launch time added to every step, in ms (default: %(default)s, the ideal roofline)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace (default: %(default)s)")
-    p.add_argument("--out", metavar="DIR", help="also write the results as DIR/<subcommand>.json")
+    p.add_argument("--seed", type=cli.bounded_int(0, 2**63 - 1), default=0,
+                   help="seed of the synthetic trace, 0..2**63-1 (default: %(default)s)")
+    p.add_argument("--out", metavar="DIR", type=cli.output_dir, help="also write the results as DIR/<subcommand>.json")
     if engine:
         p.add_argument("--max-num-seqs", type=_int_in(1, MAX_SEQS), default=max_num_seqs_default,
                        help="requests per step, as vLLM's flag (default: "
@@ -135,7 +129,7 @@ def _common(p: argparse.ArgumentParser, *, engine: bool = True, max_num_seqs_def
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m labs.serving_sim", description=__doc__.split("\n\n")[0],
+    p = cli.Parser(prog="python -m labs.serving_sim", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
 
@@ -168,10 +162,10 @@ def parser() -> argparse.ArgumentParser:
                    help="drafter: eagle (one-layer head), ngram (free), or a model name (default: %(default)s)")
     s.add_argument("--batch", type=_int_in(1, MAX_TOKENS), default=1, help="batch for the alpha x k grid (default: %(default)s)")
     s.add_argument("--context", type=_tokens, default=1024, help="tokens of context per request (default: %(default)s)")
-    s.add_argument("--alphas", type=_floats, default=(0.5, 0.6, 0.7, 0.8, 0.9),
+    s.add_argument("--alphas", type=cli.number_list(cli.finite_float(0.0, 1.0)), default=(0.5, 0.6, 0.7, 0.8, 0.9),
                    help="acceptance rates for the grid (default: 0.5,0.6,0.7,0.8,0.9)")
     s.add_argument("--ks", type=_ints(MAX_K), default=(1, 2, 3, 4, 5), help="speculative token counts k (default: 1,2,3,4,5)")
-    s.add_argument("--alpha", type=float, default=0.7, help="acceptance rate for the batch sweep (default: %(default)s)")
+    s.add_argument("--alpha", type=cli.finite_float(0.0, 1.0), default=0.7, help="acceptance rate for the batch sweep (default: %(default)s)")
     s.add_argument("--batches", type=_ints(MAX_TOKENS), default=(1, 16, 64, 256, 1024),
                    help="batch sizes for the sweep (default: 1,16,64,256,1024)")
     s.add_argument("--trials", type=_int_in(1, MAX_TRIALS), default=10000, help="Monte-Carlo steps per check (default: %(default)s)")
@@ -194,13 +188,27 @@ def parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("defaults", help="max_num_batched_tokens / max_num_seqs vLLM 0.33 picks per GPU")
     d.add_argument("--gpus", default=None, help="comma-separated GPU names (default: every GPU in labs/data/gpus.yaml)")
-    d.add_argument("--out", metavar="DIR", help="also write the results as DIR/defaults.json")
+    d.add_argument("--out", metavar="DIR", type=cli.output_dir, help="also write the results as DIR/defaults.json")
     return p
 
 
 def _setup(a: argparse.Namespace) -> scenarios.Setup:
     if not 0 < a.gpu_memory_utilization <= 1:
         raise specs.SpecError(f"--gpu-memory-utilization must be in (0, 1], got {a.gpu_memory_utilization}")
+    limit = specs.get_model(a.model).max_position_embeddings
+    if a.max_model_len is not None and a.max_model_len > limit:
+        # vLLM 0.33 refuses this at start-up unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
+        raise specs.SpecError(f"argument --max-model-len: {a.model} allows at most {limit:,} tokens "
+                              f"(its max_position_embeddings), got {a.max_model_len:,}")
+    s = _sized(a)
+    # vllm/config/scheduler.py refuses a token budget below max_num_seqs; a run with one would crawl.
+    if a.max_num_batched_tokens is not None and a.max_num_batched_tokens < s.max_num_seqs:
+        raise specs.SpecError(f"argument --max-num-batched-tokens: must be >= max_num_seqs ({s.max_num_seqs}), "
+                              f"as vLLM 0.33 requires; got {a.max_num_batched_tokens}")
+    return s
+
+
+def _sized(a: argparse.Namespace) -> scenarios.Setup:
     return scenarios.setup(a.model, a.gpu, max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
                            max_model_len=a.max_model_len, kv_cache_dtype=a.kv_cache_dtype,
                            gpu_memory_utilization=a.gpu_memory_utilization,
