@@ -170,3 +170,23 @@ def test_speed_variants_are_correct_on_the_gpu():
     rows, wrong = speed.run(torch, lambda fn: type("S", (), {"median_us": 1.0})(), log=lambda *_: None)
     assert not wrong
     assert all(r["ok"] for r in rows if r["variant"] in ("bf16", "int8-wo", "int4-wo"))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_weight_only_kernel_with_wide_tiles_on_a_ragged_n(bits):
+    """BLOCK_N = 64 on N = 96: the second column tile is half masked."""
+    torch = pytest.importorskip("torch")
+    from labs.quantization import kernels
+
+    dev = "cuda" if HAS_CUDA else "cpu"
+    g = torch.Generator().manual_seed(bits)
+    x = torch.randn((3, 128), generator=g).to(dev, torch.float16)
+    w = torch.randn((96, 128), generator=g).to(dev)
+    if bits == 8:
+        q, s = kernels.quantize_int8(torch, w)
+        ref = x.float() @ kernels.dequantize_int8(torch, q, s, torch.float32).t()
+    else:
+        q, s = kernels.quantize_int4(torch, w, 64)
+        ref = x.float() @ kernels.dequantize_int4(torch, q, s, 64, torch.float32).t()
+    y = kernels.weight_only_gemm(torch, x, q, s, bits, group=64, block_n=64)
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 2e-3

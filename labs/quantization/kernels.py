@@ -82,7 +82,18 @@ def _block_m(m: int) -> int:
     return 16 if m <= 16 else (32 if m <= 32 else 64)
 
 
-def weight_only_gemm(torch, x, q, scale, bits: int, group: int = 128, block_n: int = 64, block_k: int = 64):
+def _block_n(n: int, programs: int = 264) -> int:
+    """Narrow column tiles for narrow layers: at decode sizes there is one program row, so the
+    grid has N / BLOCK_N programs, and fewer than about two per SM leave HBM bandwidth unused.
+    (No split over K here: k_proj's 1,024 columns still give only 64 programs of 16.)"""
+    b = 64
+    while b > 16 and n / b < programs:
+        b //= 2
+    return b
+
+
+def weight_only_gemm(torch, x, q, scale, bits: int, group: int = 128, block_n: int | None = None,
+                     block_k: int = 64):
     """Y (M, N) in x's dtype from x (M, K) and an int8 (bits=8) or packed int4 (bits=4) weight."""
     if x.ndim != 2 or not x.is_contiguous():
         raise ValueError("x must be a contiguous (M, K) matrix")
@@ -96,6 +107,7 @@ def weight_only_gemm(torch, x, q, scale, bits: int, group: int = 128, block_n: i
         raise ValueError(f"group {group} must be a multiple of BLOCK_K {block_k} and divide K = {k}")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     bm = _block_m(m)
+    block_n = block_n or _block_n(n)
     grid = (triton.cdiv(m, bm), triton.cdiv(n, block_n))
     _wo_gemm[grid](x, q, scale, y, m, n, k, x.stride(0), q.stride(0), scale.stride(0) if bits == 4 else 0,
                    y.stride(0), BITS=bits, GROUP=group, BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k)

@@ -121,3 +121,62 @@ def quant_serving_table(max_model_len: int = 8192, context: int = 8192) -> str:
 
 MACROS = [quant_error_date, quant_scheme_table, quant_error, quant_activation_table, quant_smoothquant_table,
           quant_methods_table, quant_speed_recorded, quant_speed_table, quant_speed_env, quant_serving_table]
+
+
+# ---------------------------------------------------------------------------
+# Plots (through docs/.hooks/plotting.py, on the path during the site build)
+# ---------------------------------------------------------------------------
+
+_PLOTTED = (("int4", True, "int4 sym"), ("int4", False, "int4 asym"), ("int8", True, "int8 sym"),
+            ("fp8-e4m3", True, "fp8 e4m3"))
+
+
+def quant_error_plot(page_url: str, layer: str = "q_proj") -> str:
+    """Output error against the number of weights sharing one scale (per tensor, per channel, groups), derived."""
+    import plotting
+
+    rows = [r for r in _error_rows("schemes") if r["layer"] == layer]
+    n, k = rows[0]["shape"]
+    size = {"tensor": n * k, "channel": k}
+    series, table = {}, []
+    for data in ("outliers", "gaussian"):
+        for fmt, sym, label in _PLOTTED:
+            pts = sorted((r["group"] or size[r["granularity"]], r["output_err"]) for r in rows
+                         if r["fmt"] == fmt and r["symmetric"] == sym and r["data"] == data)
+            if len(pts) < 2:
+                continue
+            name = f"{label}, {data}"
+            series[name] = ([p[0] for p in pts], [p[1] for p in pts])
+            table += [[name, f"{x:,}", f"{y:.3g}"] for x, y in pts]
+    return plotting.lines(f"quant-error-{layer}", page_url, series, x_label="weights per scale (log)",
+                          y_label="output error (relative, log)", log_x=True, log_y=True,
+                          title=f"Output error against scale granularity, {layer} {n:,} × {k:,} (derived, CPU)",
+                          caption="Fewer weights per scale (groups of 32 to 128, then per channel, then per tensor) "
+                                  "and more bits lower the error; the Gaussian curves, without outliers, flatter "
+                                  "every scheme.",
+                          table=plotting.markdown_table(["Series", "Weights per scale", "Output error"], table),
+                          size=(6.4, 4.2))
+
+
+def quant_speed_plot(page_url: str, gpu: str, layer: str = "gate_proj/up_proj") -> str:
+    """Time against M per variant for one projection, measured; "not recorded yet" without a run."""
+    if not SPEED.recorded(gpu):
+        return SPEED.missing()
+    import plotting
+
+    rows = [r for r in SPEED.rows("gemm", gpu) if r["layer"] == layer and r.get("time_us")]
+    series = {}
+    for r in sorted(rows, key=lambda r: r["m"]):
+        series.setdefault(r["variant"], ([], []))
+        series[r["variant"]][0].append(r["m"])
+        series[r["variant"]][1].append(r["time_us"])
+    table = [[f"`{r['variant']}`", str(r["m"]), f"{r['time_us']:,.1f}"] for r in rows]
+    return plotting.lines(f"quant-speed-{layer.replace('/', '-')}", page_url, series, x_label="M (rows of X, log)",
+                          y_label="time (µs)", log_x=True,
+                          title=f"{layer} GEMM time against M on the {gpu} (measured)",
+                          caption="Weight-only kernels read fewer bytes and win where the GEMM is memory-bound "
+                                  "(small M); fp8 W8A8 wins as M grows and the product becomes compute-bound.",
+                          table=plotting.markdown_table(["Variant", "M", "Time (µs)"], table))
+
+
+MACROS += [quant_error_plot, quant_speed_plot]

@@ -72,7 +72,6 @@ def _variants(torch, n: int, k: int):
     q8, s8 = kernels.quantize_int8(torch, w)
     q4, s4 = kernels.quantize_int4(torch, w, GROUP)
     w8_t = w8.t()  # column-major, as _scaled_mm wants its second operand
-    one = torch.ones((), device="cuda")
 
     def quant_act(x):
         scale = (x.abs().amax().float() / E4M3_MAX).clamp_min(1e-12)
@@ -92,7 +91,6 @@ def _variants(torch, n: int, k: int):
             return torch._scaled_mm(xq, w8_t, scale_a=xs, scale_b=w_scale, out_dtype=torch.bfloat16)
         return run
 
-    del one
     return {
         "bf16": (lambda x: (lambda: torch.nn.functional.linear(x, wb)), lambda x: x.float() @ wb.float().t()),
         "fp8-gemm": (fp8_gemm, fp8_ref),
