@@ -52,8 +52,9 @@ def _sizes(quick: bool) -> dict:
     if quick:  # what the CPU tests run: the same code on (N/16, K/16)-sized layers
         return {"shapes": {"k_proj": (64, 256), "down_proj": (256, 896)}, "tokens": 256, "calib": 1024,
                 "method_layer": "k_proj"}
-    # one of each distinct shape: o_proj is q_proj's, v_proj k_proj's, up_proj gate_proj's
-    shapes = {name: synthetic.LLAMA_8B_SHAPES[name] for name in ("q_proj", "k_proj", "gate_proj", "down_proj")}
+    # the two attention shapes (o_proj is q_proj's, v_proj k_proj's): the MLP's 58.7M-weight matrices
+    # behave the same per row and cost 3.5x as much CPU per scheme, so the lab leaves them out
+    shapes = {name: synthetic.LLAMA_8B_SHAPES[name] for name in ("q_proj", "k_proj")}
     return {"shapes": shapes, "tokens": 512, "calib": 8192, "method_layer": "k_proj"}
 
 

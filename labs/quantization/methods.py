@@ -58,7 +58,8 @@ def gptq(w: np.ndarray, x: np.ndarray, scheme: Scheme, block: int = 128, damp: f
         raise ValueError("GPTQ here quantizes to integer grids (int8, int4)")
     w = np.array(w, dtype=np.float64)
     n, k = w.shape
-    h = 2.0 * x.T @ x
+    x32 = np.asarray(x, dtype=np.float32)
+    h = 2.0 * (x32.T @ x32).astype(np.float64)  # the product in fp32 (as the paper's GPU code), the rest in fp64
     dead = np.diag(h) == 0  # inputs that are always zero: their weights do not matter
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
