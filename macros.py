@@ -313,13 +313,21 @@ def register_cost_macros(env) -> None:
         draft_s = draft.time(batch, context)
         expected = spec_decode.expected_tokens(alpha, k)
         return {
-            "expected_tokens": expected, "draft_ratio": spec_decode.draft_cost_ratio(target, draft, batch, context),
+            "expected_tokens": expected, "draft_acceptance_rate": spec_decode.draft_acceptance_rate(alpha, k),
+            "mean_accepted": expected - 1, "draft_ratio": spec_decode.draft_cost_ratio(target, draft, batch, context),
             "speedup": spec_decode.speedup(target, draft, alpha, k, batch, context),
             "base_s": base, "verify_s": verify, "draft_s": draft_s,
             "verify_tokens": batch * (k + 1), "verify_only_speedup": expected * base / verify,
             "user_tokens_per_s": 1 / base, "spec_user_tokens_per_s": expected / (k * draft_s + verify),
             "layer_params": target.body_params // target.model.n_layers, "lm_head_params": target.lm_head_params,
         }
+
+    @env.macro
+    def spec_alpha(mean_accepted: float, k: int) -> float:
+        """The per-position acceptance rate that gives `mean_accepted` accepted drafts per step (i.i.d. model)."""
+        from labs.serving_sim import spec_decode
+
+        return spec_decode.alpha_from_mean_accepted(mean_accepted, k)
 
     @env.macro
     def float_formats() -> list:
@@ -401,6 +409,16 @@ def register_plot_macros(env) -> None:
         _model(model), _gpu(gpu)
         return _checked(plots.roofline_figure, roofline, _url(), model, gpu, context, tuple(decode_batches),
                         tuple(prefill_batches))
+
+    @env.macro
+    def engine_decode_plot(gpu: str) -> str:
+        """The engine's measured decode step against batch, per context, with the cost model's floors."""
+        from labs.engine.report import ResultsError
+
+        try:
+            return plots.engine_decode_figure(_url(), gpu)
+        except (plots.PlotError, ResultsError) as err:
+            raise MacroError(str(err)) from None
 
     @env.macro
     def rooflines(model: str = "llama-3.1-8b", context: int = 2048, heading: str = "###") -> str:

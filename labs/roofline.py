@@ -270,6 +270,10 @@ class Deployment:
     def kv_pool(self, max_model_len: int | None = None, **budget_args) -> memory_budget.Budget:
         return kv_pool(self, max_model_len, **budget_args)
 
+    def kv_transfer(self, tokens: int, gbit_per_s: float | None = None, gb_per_s: float | None = None,
+                    nvlink: bool = False) -> "KVTransfer":
+        return kv_transfer(self, tokens, gbit_per_s, gb_per_s, nvlink)
+
     def throughput_bound(self, trace: Iterable, concurrency: int) -> "ThroughputBound":
         return offline_throughput_bound(self, trace, concurrency)
 
@@ -684,6 +688,50 @@ def ridge(dep: Deployment) -> Ridge:
 # ---------------------------------------------------------------------------
 # KV pool
 # ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KVTransfer:
+    """One request's KV moved over a link (host PCIe for a swap, a NIC for disaggregated serving).
+
+    `seconds` is the link-speed bound: the bytes at the link's rate as one copy. vLLM keeps
+    one KV tensor per layer (keys and values apart), so a block-by-block copy is `copies`
+    pieces of `copy_bytes` each; small pieces run well below link speed, so the real time of
+    a block-wise copy is longer than the bound.
+    """
+
+    bytes: int
+    copies: int
+    link_bytes_per_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.bytes / self.link_bytes_per_s
+
+    @property
+    def copy_bytes(self) -> float:
+        return self.bytes / self.copies
+
+
+def kv_transfer(dep: Deployment, tokens: int, gbit_per_s: float | None = None,
+                gb_per_s: float | None = None, nvlink: bool = False) -> KVTransfer:
+    """The KV of one `tokens`-token request on one rank, over a link given in Gb/s (NICs) or GB/s (PCIe),
+    or `nvlink=True`: one direction of the GPU's NVLink, half the bidirectional figure in labs/data/gpus.yaml."""
+    if sum(x is not None and x is not False for x in (gbit_per_s, gb_per_s, nvlink or None)) != 1:
+        raise SpecError("kv_transfer: give the link speed once, as gbit_per_s, gb_per_s or nvlink=True")
+    if nvlink:
+        if not dep.gpu.nvlink_gbps:
+            raise SpecError(f"kv_transfer: {dep.gpu.name} has no NVLink")
+        rate = dep.gpu.nvlink_gbps / 2 * 1e9
+    else:
+        rate = gbit_per_s * 1e9 / 8 if gbit_per_s is not None else gb_per_s * 1e9
+    if rate <= 0:
+        raise SpecError(f"kv_transfer: link speed must be > 0, got {gbit_per_s or gb_per_s}")
+    m = dep.model
+    block = formula.default_block_size(m)
+    blocks = -(-tokens // block)
+    tensors_per_layer = 1 if m.attention == "mla" else 2  # MLA caches one latent; others keys and values apart
+    return KVTransfer(dep.kv_bytes(tokens), blocks * m.n_layers * tensors_per_layer, rate)
 
 
 def kv_pool(dep: Deployment, max_model_len: int | None = None, **budget_args) -> memory_budget.Budget:

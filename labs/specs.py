@@ -177,6 +177,11 @@ class ModelSpec:
         return "mha" if self.n_kv_heads == self.n_heads else "gqa"
 
     @property
+    def gqa_group(self) -> int:
+        """Query heads per KV head: 1 for MHA, n_heads for MQA (MLA: every head reads the one latent)."""
+        return self.n_heads if self.mla is not None else self.n_heads // self.n_kv_heads
+
+    @property
     def layer_kinds(self) -> tuple[str, ...]:
         """Attention kind of every layer, in order."""
         if self.sliding_window is None:

@@ -259,3 +259,30 @@ def test_mixed_agrees_with_uniform_steps(name, tp):
     assert step.kv_read_bytes == sum(p.kv_read_bytes for p in parts)
     assert step.kv_write_bytes == sum(p.kv_write_bytes for p in parts)
     assert step.tokens == 367 and step.sequences == 5
+
+
+def test_kv_transfer_of_two_gib_at_400_gbit_is_about_43_ms():
+    """16,384 tokens of Llama-3.1-8B KV are 2 GiB; at 400 Gb/s that is 2^31 x 8 / 4e11 s."""
+    dep = r.deployment("llama-3.1-8b", "h200")
+    t = dep.kv_transfer(16384, gbit_per_s=400)
+    assert t.bytes == 2 * 2**30
+    assert t.seconds == pytest.approx(2**31 * 8 / 400e9)
+    # Per layer, keys and values apart, one piece per 16-token block: 1,024 blocks x 32 layers x 2.
+    assert t.copies == 1024 * 32 * 2
+    assert t.copy_bytes == 16 * 8 * 128 * 2
+    assert dep.kv_transfer(16384, gb_per_s=50).seconds == pytest.approx(2**31 / 50e9)
+
+
+def test_kv_transfer_needs_exactly_one_positive_link_speed():
+    dep = r.deployment("llama-3.1-8b", "h200")
+    for kwargs in ({}, {"gbit_per_s": 400, "gb_per_s": 50}, {"gbit_per_s": 0}):
+        with pytest.raises(r.SpecError, match="kv_transfer"):
+            dep.kv_transfer(1024, **kwargs)
+
+
+def test_kv_transfer_over_nvlink_takes_one_direction_of_the_datasheet_figure():
+    dep = r.deployment("llama-3.1-8b", "h200")
+    t = dep.kv_transfer(16384, nvlink=True)
+    assert t.seconds == pytest.approx(2**31 / (dep.gpu.nvlink_gbps / 2 * 1e9))
+    with pytest.raises(r.SpecError, match="no NVLink"):
+        r.deployment("llama-3.1-8b", "l40s").kv_transfer(1024, nvlink=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -205,6 +206,33 @@ def test_expected_tokens_limits():
     assert spec_decode.expected_tokens(0.0, 5) == 1.0
     assert spec_decode.expected_tokens(1.0, 5) == 6.0
     assert spec_decode.expected_tokens(0.5, 1) == pytest.approx(1.5)
+
+
+def test_draft_acceptance_rate_is_not_alpha():
+    """vLLM's accepted/drafted ratio under i.i.d. acceptance: 0.51 at alpha 0.7, k 3; equal to alpha at k 1."""
+    assert spec_decode.draft_acceptance_rate(0.7, 3) == pytest.approx((0.7 - 0.7 ** 4) / (3 * 0.3))
+    assert spec_decode.draft_acceptance_rate(0.7, 3) == pytest.approx(0.511, abs=1e-3)
+    assert spec_decode.draft_acceptance_rate(0.7, 1) == pytest.approx(0.7)
+    rng = random.Random(3)
+    drafted = accepted = 0
+    per_pos, drafts = [0, 0, 0], 20000
+    for _ in range(drafts):
+        n = 0
+        while n < 3 and rng.random() < 0.7:
+            per_pos[n] += 1
+            n += 1
+        drafted, accepted = drafted + 3, accepted + n
+    assert accepted / drafted == pytest.approx(spec_decode.draft_acceptance_rate(0.7, 3), abs=0.01)
+    assert spec_decode.per_position_alpha(per_pos, drafts) == pytest.approx([0.7] * 3, abs=0.02)
+    assert spec_decode.alpha_from_mean_accepted(accepted / drafts, 3) == pytest.approx(0.7, abs=0.01)
+
+
+def test_alpha_from_mean_accepted_inverts_expected_tokens():
+    for alpha in (0.0, 0.3, 0.7, 0.95):
+        mean = spec_decode.expected_tokens(alpha, 4) - 1
+        assert spec_decode.alpha_from_mean_accepted(mean, 4) == pytest.approx(alpha, abs=1e-9)
+    with pytest.raises(SpecError, match="mean accepted"):
+        spec_decode.alpha_from_mean_accepted(5, 4)
 
 
 def test_speedup_approaches_expected_tokens_for_a_free_drafter_at_batch_one(llama_h200):

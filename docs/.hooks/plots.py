@@ -355,3 +355,32 @@ def calculator_html(data: dict, model: str, gpu: str, max_model_len: int) -> str
         data=data, payload=payload, model=model, gpu=gpu, max_model_len=max_model_len)
     # One raw HTML block for Markdown: no blank lines inside it.
     return "\n".join(line for line in markup.splitlines() if line.strip()) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# Engine benchmark (labs/results/engine.json)
+# ---------------------------------------------------------------------------
+
+
+def engine_decode_figure(page_url: str, gpu: str) -> str:
+    """Measured decode step time against batch, CUDA graphs on, one curve per context, each with its floor."""
+    from labs.engine.report import _machine  # the lab owns its file and its errors
+
+    m = _machine(gpu)
+    rows = [r for r in m.rows if r.get("section") == "decode" and r.get("cuda_graphs")]
+    if not rows:
+        raise PlotError(f"no decode rows with CUDA graphs recorded for {gpu}")
+    series = {}
+    for ctx in sorted({r["context"] for r in rows}):
+        mine = sorted((r for r in rows if r["context"] == ctx), key=lambda r: r["batch"])
+        series[f"L = {ctx:,} measured"] = ([r["batch"] for r in mine], [r["step_ms"] for r in mine])
+        series[f"L = {ctx:,} floor"] = ([r["batch"] for r in mine], [r["floor_ms"] for r in mine])
+    run = m.runs[0]
+    caption = (f"<strong>{_esc(m.label)}</strong>, measured {_esc(run['date'])}: Llama-3.1-8B shapes in bf16, median "
+               f"step of the engine (scheduler, CUDA-graph replay, sampler). Floors from labs/roofline.py at the copy "
+               f"bandwidth ({run['copy_tb_s']:.2f} TB/s) and GEMM rate ({run['gemm_tflops']:.0f} TFLOP/s) measured "
+               "in the same run.")
+    slug = "".join(c if c.isalnum() else "-" for c in m.label.lower())
+    return plotting.lines(f"engine-decode-{slug}", page_url, series, x_label="batch B (sequences)",
+                          y_label="decode step (ms)", title=f"Decode step time against batch on {m.label}",
+                          caption=caption, log_x=True, log_y=True)

@@ -128,6 +128,7 @@ class BlockManager:
             hs.append(chain_hash(hs[-1] if hs else b"", seq.token_ids[i * bs:(i + 1) * bs]))
         return hs[:num_blocks]
 
+    # --8<-- [start:prefix]
     def lookup(self, seq: Sequence) -> list[int]:
         """Cached blocks for the longest run of seq's leading full blocks, never its last token."""
         if not self.enable_prefix_caching:
@@ -139,6 +140,7 @@ class BlockManager:
                 break
             hits.append(b)
         return hits
+    # --8<-- [end:prefix]
 
     def blocks_to_admit(self, seq: Sequence, hits: list[int]) -> int:
         """Free blocks admission takes: new ones for the uncached tokens, plus hits now sitting free."""

@@ -8,6 +8,7 @@ the scheduler; the rest of the batch runs as if it had not been there.
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from collections.abc import Callable
@@ -95,8 +96,27 @@ class LLM:
         self.blocks = BlockManager(c.usable_blocks + 1, c.block_size, c.enable_prefix_caching)
         self.scheduler = Scheduler(c, self.blocks, time.perf_counter, eos_token_ids=self.tokenizer.eos_token_ids)
         self.runner = ModelRunner(self.model, c, decode_attention=decode_attention, cuda_graphs=cuda_graphs)
+        self._decode_attention, self._cuda_graphs = decode_attention, cuda_graphs
         self.steps: list[StepRecord] = []
         self._next_id = 0
+
+    def reconfigure(self, **engine_args) -> None:
+        """New engine limits (EngineConfig's fields) on the same weights: a fresh pool, scheduler and runner.
+
+        A benchmark sweeps max_num_seqs, pools and token budgets without reloading 16 GB of weights.
+        """
+        self.runner = self.scheduler = self.blocks = None  # free the old pool and graphs first
+        gc.collect()  # a captured graph's closure refers back to its runner: a cycle
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.config = c = EngineConfig(**engine_args)
+        if c.max_model_len > self.model.cfg.max_position_embeddings:
+            raise ConfigError(f"max_model_len {c.max_model_len} exceeds the model's "
+                              f"max_position_embeddings {self.model.cfg.max_position_embeddings}")
+        self.blocks = BlockManager(c.usable_blocks + 1, c.block_size, c.enable_prefix_caching)
+        self.scheduler = Scheduler(c, self.blocks, time.perf_counter, eos_token_ids=self.tokenizer.eos_token_ids)
+        self.runner = ModelRunner(self.model, c, decode_attention=self._decode_attention, cuda_graphs=self._cuda_graphs)
+        self.steps = []
 
     def _build(self, cfg: ModelConfig, dtype: torch.dtype, weights, seed: int) -> LlamaModel:
         default = torch.get_default_dtype()

@@ -95,6 +95,7 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.fused = True  # on CUDA, the elementwise ops run as labs/engine/fused.py's kernels
 
     # --- weights ---------------------------------------------------------------
 
@@ -166,6 +167,8 @@ class LlamaModel(nn.Module):
         cfg = self.cfg
         x = self.embed(input_ids)
         cos, sin = self.rope(positions, x.dtype)
+        if self.fused and x.is_cuda:
+            return self._forward_fused(x, cos, sin, attention)
         for i, layer in enumerate(self.layers):
             residual = x
             q, k, v = layer.qkv(layer.input_layernorm(x)).split([layer.q_size, layer.kv_size, layer.kv_size], -1)
@@ -180,6 +183,21 @@ class LlamaModel(nn.Module):
             gate, up = layer.gate_up(layer.post_attention_layernorm(x)).chunk(2, dim=-1)
             x = residual + layer.down(F.silu(gate) * up)
         return self.norm(x)
+
+    def _forward_fused(self, x, cos, sin, attention: Attention) -> torch.Tensor:
+        """forward() with fused kernels; each residual add moves into the next norm, as in vLLM."""
+        from labs.engine import fused
+
+        cfg, residual, h = self.cfg, None, x
+        for i, layer in enumerate(self.layers):
+            normed, residual = fused.add_rms_norm(h, layer.input_layernorm.weight, cfg.rms_norm_eps, residual)
+            qkv = layer.qkv(normed)
+            q, k = fused.rope(qkv, cos, sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+            v = qkv[:, layer.q_size + layer.kv_size:].view(-1, cfg.n_kv_heads, cfg.head_dim)
+            h = layer.o(attention(i, q, k, v).reshape(-1, layer.q_size))
+            normed, residual = fused.add_rms_norm(h, layer.post_attention_layernorm.weight, cfg.rms_norm_eps, residual)
+            h = layer.down(fused.silu_mul(layer.gate_up(normed)))
+        return fused.add_rms_norm(h, self.norm.weight, cfg.rms_norm_eps, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

@@ -177,6 +177,7 @@ class ModelRunner:
 
     # --- CUDA graphs for decode --------------------------------------------------------
 
+    # --8<-- [start:replay]
     def _replay(self, out: SchedulerOutput) -> torch.Tensor:
         chunks = out.chunks
         n = len(chunks)
@@ -200,6 +201,7 @@ class ModelRunner:
         else:
             graph.replay()
         return buf["logits"][:n].float()
+    # --8<-- [end:replay]
 
     def _capture(self, bucket: int) -> None:
         from labs.paged_attention.kernel import choose_num_splits, sm_count

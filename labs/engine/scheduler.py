@@ -107,6 +107,7 @@ class Scheduler:
 
     # --- one step ----------------------------------------------------------------
 
+    # --8<-- [start:schedule]
     def schedule(self) -> SchedulerOutput:
         if self.config.policy == "static":
             return self._schedule_static()
@@ -145,6 +146,7 @@ class Scheduler:
             self._take(out, seq, n)
             budget -= n
         return out
+    # --8<-- [end:schedule]
 
     def _schedule_static(self) -> SchedulerOutput:
         out = SchedulerOutput([])
@@ -191,6 +193,7 @@ class Scheduler:
         ids = self.blocks.table(seq) if self.with_block_ids else ()
         out.chunks.append(Chunk(seq, start, n, start + n == len(seq.token_ids), ids))
 
+    # --8<-- [start:preempt]
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.free(seq)
         seq.num_computed = 0
@@ -198,6 +201,7 @@ class Scheduler:
         seq.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(seq)
+    # --8<-- [end:preempt]
 
     def update(self, out: SchedulerOutput, sampled: list[int | None]) -> list[Sequence]:
         """Advance cursors, append sampled tokens (one per chunk; ignored where it does not sample), finish."""

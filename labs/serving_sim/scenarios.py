@@ -206,14 +206,23 @@ def spec(s: Setup, draft: str = "eagle", batch: int = 1, context: int = 1024,
     d = spec_decode.make_drafter(draft, s.cost)
     ratio = spec_decode.draft_cost_ratio(s.cost, d, batch, context)
     grid = {a: {k: spec_decode.speedup(s.cost, d, a, k, batch, context) for k in ks} for a in alphas}
-    sweep = {b: {k: spec_decode.speedup(s.cost, d, alpha, k, b, context) for k in (1, 3, 5)} for b in batches}
+    # A batch row is only real if its KV fits: each request holds context + k + 1 tokens in whole blocks.
+    sweep_ks = (1, 3, 5)
+    per_request = -(-(context + max(sweep_ks) + 1) // s.block_size)
+    fits = s.num_blocks // per_request
+    kept = sorted({b for b in batches if b <= fits} | ({fits} if any(b > fits for b in batches) else set()))
+    dropped = [b for b in batches if b > fits]
+    sweep = {b: {k: spec_decode.speedup(s.cost, d, alpha, k, b, context) for k in sweep_ks} for b in kept}
     check = {(a, k): (spec_decode.expected_tokens(a, k), spec_decode.monte_carlo_tokens(a, k, trials, seed))
              for a in alphas for k in (1, 3, 5)}
     worst = max(abs(f - mc) for f, mc in check.values())
     t1 = table(["alpha \\ k", *[str(k) for k in ks]],
                [[f"{a:.1f}", *[f"{grid[a][k]:.2f}x" for k in ks]] for a in alphas])
     t2 = table(["batch", "k = 1", "k = 3", "k = 5"],
-               [[b, *[f"{sweep[b][k]:.2f}x" for k in (1, 3, 5)]] for b in batches], "rrrr")
+               [[b, *[f"{sweep[b][k]:.2f}x" for k in sweep_ks]] for b in kept], "rrrr")
+    pool_note = (f"The KV pool ({s.num_blocks:,} blocks of {s.block_size}) holds {fits:,} requests of {context:,} "
+                 f"tokens plus {max(sweep_ks)} drafts; " + (f"batch {', '.join(f'{b:,}' for b in dropped)} would not fit, so the "
+                 f"last row is the largest batch that does." if dropped else "every batch above fits."))
     t3 = table(["alpha", "k", "E[tokens/step] formula", f"Monte-Carlo ({trials:,} steps)"],
                [[f"{a:.1f}", k, f"{f:.3f}", f"{mc:.3f}"] for (a, k), (f, mc) in check.items() if k == 3], "rrrr")
     m = s.cost.model
@@ -229,12 +238,15 @@ def spec(s: Setup, draft: str = "eagle", batch: int = 1, context: int = 1024,
         "",
         t2,
         "",
+        pool_note,
+        "",
         f"Tokens per step, closed form vs simulated acceptances (k = 3; largest gap over all checked: {worst:.3f}):",
         "",
         t3,
     ])
     data = {"draft_cost_ratio": ratio, "grid": {str(a): {str(k): v for k, v in r.items()} for a, r in grid.items()},
             "batch_sweep": {str(b): {str(k): v for k, v in r.items()} for b, r in sweep.items()},
+            "pool_requests": fits, "batches_left_out": dropped,
             "check": {f"{a}/{k}": {"formula": f, "monte_carlo": mc} for (a, k), (f, mc) in check.items()},
             "max_abs_gap": worst}
     return data, text

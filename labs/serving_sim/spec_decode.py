@@ -46,6 +46,40 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+def draft_acceptance_rate(alpha: float, k: int) -> float:
+    """Accepted over drafted tokens, the ratio vLLM's counters give, for per-position rate alpha.
+
+    It is not alpha: a draft token after the first rejection is drafted but never accepted,
+    so the ratio is E[accepted] / k = (alpha - alpha^(k+1)) / (k (1 - alpha)), below alpha for k > 1.
+    """
+    return (expected_tokens(alpha, k) - 1) / k
+
+
+def per_position_alpha(accepted_per_pos: list[float], drafts: float) -> list[float]:
+    """Conditional acceptance at each position from vLLM's per-position counters.
+
+    vllm:spec_decode_num_accepted_tokens_per_pos counts drafts whose first i + 1 tokens all
+    passed, so position i's own rate is its count over position i - 1's (drafts for i = 0).
+    """
+    counts = [float(drafts), *accepted_per_pos]
+    return [b / a if a else float("nan") for a, b in zip(counts, counts[1:])]
+
+
+def alpha_from_mean_accepted(mean_accepted: float, k: int) -> float:
+    """The alpha whose expected accepted drafts per step (E - 1) equals `mean_accepted`, by bisection."""
+    _check(0.5, k)
+    if not 0 <= mean_accepted <= k:
+        raise SpecError(f"mean accepted tokens per draft must be in [0, {k}], got {mean_accepted}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if expected_tokens(mid, k) - 1 < mean_accepted:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def monte_carlo_tokens(alpha: float, k: int, trials: int, seed: int = 0) -> float:
     """Mean tokens per step over `trials` simulated steps with i.i.d. acceptances."""
     _check(alpha, k)

@@ -1,0 +1,157 @@
+"""The engine benchmark's recorded rows as Markdown for the site (torch-free).
+
+macros.py registers every function in `MACROS`. Pages render `labs/results/engine.json`
+(written by `python -m labs.engine.bench --record` through labs/recorded.py) and never
+retype a measured number:
+
+* `engine_env(gpu)`: the GPU, date, versions, and the copy bandwidth and GEMM rate measured
+  at the start of that run (every floor on the page uses those two rates);
+* `engine_table(section, gpu)`: one section's rows as a table, floors and efficiency beside
+  the measurements;
+* `engine_value(name, field, gpu)`: one recorded number, for prose;
+* `engine_ratio(name, field, over, gpu)`: measured / model for one row, as "1.7x"; `over` is
+  another field of the same row (a floor or a simulator prediction);
+* `engine_measured(gpu)`: "NVIDIA H200, 2026-12-01", for a lesson's prose;
+* `engine_recorded(gpu)`: for a page's `{% if %}`.
+
+Every macro names the GPU (a unique part of its name): the file may hold several machines.
+"""
+
+from __future__ import annotations
+
+from labs import recorded
+from labs.recorded import RESULTS_DIR
+
+RESULTS_PATH = RESULTS_DIR / "engine.json"
+RECORD_COMMAND = "python -m labs.engine.bench --out out/engine --record"
+
+
+class ResultsError(ValueError):
+    """The results file holds no entry for what a page asked."""
+
+
+# (field, column heading, format) per section: what the table shows, in order.
+COLUMNS = {
+    "stages": [("batch", "B", "{}"), ("fused", "fused ops", "{}"), ("step_ms", "step ms", "{:.2f}"),
+               ("execute_ms", "runner ms", "{:.2f}"), ("replay_ms", "graph replay ms", "{:.2f}"),
+               ("linears_ms", "linears alone ms", "{:.2f}"), ("sample_ms", "sampler ms", "{:.2f}"),
+               ("kernels_per_step", "kernels / eager step", "{}"), ("floor_ms", "floor ms", "{:.2f}"),
+               ("efficiency", "floor / step", "{:.0%}")],
+    "decode": [("context", "L", "{:,}"), ("batch", "B", "{:,}"), ("cuda_graphs", "CUDA graphs", "{}"),
+               ("step_ms", "step ms", "{:.2f}"), ("floor_ms", "floor ms", "{:.2f}"),
+               ("efficiency", "floor / step", "{:.0%}"), ("tok_s", "tok/s", "{:,.0f}")],
+    "offline": [("concurrency", "concurrency", "{}"), ("requests", "requests", "{}"),
+                ("output_tok_s", "output tok/s", "{:,.0f}"), ("bound_tok_s", "cost-model bound tok/s", "{:,.0f}"),
+                ("efficiency", "of bound", "{:.0%}"), ("decode_step_ms_mean", "decode step ms", "{:.2f}"),
+                ("sim_output_tok_s", "simulator tok/s", "{:,.0f}"),
+                ("sim_decode_step_ms_mean", "simulator decode step ms", "{:.2f}"),
+                ("sim_error", "simulator error", "{:+.0%}")],
+    "hf": [("concurrency", "concurrency", "{}"), ("output_tok_s", "output tok/s", "{:,.0f}"),
+           ("bound_tok_s", "bound tok/s", "{:,.0f}"), ("efficiency", "of bound", "{:.0%}"),
+           ("engine_over_hf", "engine / HF", "{:.1f}x")],
+    "batching": [("policy", "policy", "{}"), ("output_tok_s", "output tok/s", "{:,.0f}"),
+                 ("ttft_p50_ms", "TTFT p50 ms", "{:,.0f}"), ("ttft_p99_ms", "TTFT p99 ms", "{:,.0f}"),
+                 ("tpot_p50_ms", "TPOT p50 ms", "{:.1f}"), ("tpot_p99_ms", "TPOT p99 ms", "{:.1f}"),
+                 ("e2e_p99_s", "E2E p99 s", "{:.2f}"), ("sim_output_tok_s", "simulator tok/s", "{:,.0f}"),
+                 ("sim_ttft_p99_ms", "simulator TTFT p99 ms", "{:,.0f}")],
+    "chunked": [("max_num_batched_tokens", "max_num_batched_tokens", "{:,}"),
+                ("worst_gap_ms", "worst decode gap ms", "{:,.0f}"), ("floor_worst_gap_ms", "floor ms", "{:,.0f}"),
+                ("ttft_ms", "16K TTFT ms", "{:,.0f}"), ("floor_ttft_ms", "floor ms", "{:,.0f}"),
+                ("efficiency", "floor / TTFT", "{:.0%}")],
+    "prefix": [("system_tokens", "system prompt", "{:,}"), ("cached_tokens", "cached tokens", "{:,}"),
+               ("hit_rate", "hit rate", "{:.0%}"), ("ttft_ms", "TTFT ms", "{:.1f}"), ("floor_ms", "floor ms", "{:.1f}"),
+               ("efficiency", "floor / TTFT", "{:.0%}")],
+    "preempt": [("oversubscription", "max_num_seqs / pool", "{:g}x"), ("max_num_seqs", "max_num_seqs", "{}"),
+                ("output_tok_s", "output tok/s", "{:,.0f}"), ("tpot_p99_ms", "TPOT p99 ms", "{:.1f}"),
+                ("e2e_p99_s", "E2E p99 s", "{:.2f}"), ("preemptions", "preemptions", "{}"),
+                ("recomputed_tokens", "recomputed tokens", "{:,}"), ("efficiency", "of bound", "{:.0%}")],
+}
+
+
+def _results() -> recorded.Results | None:
+    return recorded.load_results(RESULTS_PATH)  # at call time: `mkdocs serve` sees a new recording
+
+
+def _machine(gpu: str) -> recorded.MachineResults:
+    results = _results()
+    if results is None or not results.machines:
+        raise ResultsError(f"no engine results in {recorded.shown_path(RESULTS_PATH)}; record them with "
+                           f"`{RECORD_COMMAND}`, or guard the call with engine_recorded(gpu)")
+    try:
+        return results.machine(gpu)
+    except recorded.RecordedError as err:
+        raise ResultsError(f"engine results: {err}") from None
+
+
+def engine_recorded(gpu: str) -> bool:
+    results = _results()
+    try:
+        return results is not None and results.has(gpu)
+    except recorded.RecordedError as err:
+        raise ResultsError(f"engine results: {err}") from None
+
+
+def engine_env(gpu: str) -> str:
+    """One line per run: GPU, date, driver and versions, and the two rates measured at its start."""
+    m = _machine(gpu)
+    return "\n\n".join(
+        f"**{m.label}**, measured {run['date']} (driver {run.get('driver')}, CUDA {run.get('cuda')}, torch "
+        f"{run.get('torch')}, Triton {run.get('triton')}); {run.get('model')}, {run.get('layers')} layers, bf16, "
+        f"random weights. Rates measured at the start of the run, used by every floor: copy bandwidth "
+        f"{run['copy_tb_s']:.2f} TB/s (device-to-device `copy_`, bytes read + written), bf16 GEMM "
+        f"{run['gemm_tflops']:.0f} TFLOP/s (8,192-cube `matmul`)."
+        for run in m.runs)
+
+
+def engine_measured(gpu: str) -> str:
+    """"NVIDIA H200, 2026-12-01": the machine and the date(s) its rows were measured, for a lesson's prose."""
+    m = _machine(gpu)
+    return f"{m.label}, {m.dates}"
+
+
+def _fmt(value, fmt: str) -> str:
+    if value is None:
+        return "off" if fmt == "{:,}" else "–"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return fmt.format(value)
+
+
+def engine_table(section: str, gpu: str, where: str | None = None) -> str:
+    """One section's rows as a Markdown table; `where="context=1024"` keeps rows with that field value."""
+    if section not in COLUMNS:
+        raise ResultsError(f"engine_table: unknown section {section!r}; one of {', '.join(COLUMNS)}")
+    rows = [r for r in _machine(gpu).rows if r.get("section") == section]
+    if where:
+        field, _, want = where.partition("=")
+        rows = [r for r in rows if str(r.get(field)) == want]
+    if not rows:
+        raise ResultsError(f"engine_table: no {section} rows recorded for {gpu}" + (f" with {where}" if where else ""))
+    cols = [c for c in COLUMNS[section] if any(c[0] in r for r in rows)]
+    lines = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + " --- |" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(f), fmt) for f, _, fmt in cols) + " |")
+    return "\n".join(lines)
+
+
+def _row(name: str, gpu: str) -> dict:
+    try:
+        return _machine(gpu).row(name=name)
+    except recorded.RecordedError as err:
+        raise ResultsError(f"engine results: {err}") from None
+
+
+def engine_value(name: str, field: str, gpu: str):
+    """One recorded field of row `name` (e.g. "decode/L128/B1/graphs", "step_ms")."""
+    row = _row(name, gpu)
+    if field not in row:
+        raise ResultsError(f"engine results: row {name} has no field {field!r}")
+    return row[field]
+
+
+def engine_ratio(name: str, field: str, over: str, gpu: str) -> str:
+    """row[field] / row[over], as "1.53x": how far a measurement is from the model beside it."""
+    return f"{engine_value(name, field, gpu) / engine_value(name, over, gpu):.2f}x"
+
+
+MACROS = [engine_recorded, engine_measured, engine_env, engine_table, engine_value, engine_ratio]

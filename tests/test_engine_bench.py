@@ -1,0 +1,82 @@
+"""The engine benchmark's pieces that run without a GPU: fused kernels, the CLI's refusals, the trace, the page macros."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from labs.engine import bench, fused, report  # noqa: E402
+from labs.engine.model import RMSNorm, rotate_half  # noqa: E402
+
+
+def test_fused_kernels_match_the_torch_ops_in_float32():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(96, generator=g)
+    x, r = torch.randn(5, 96, generator=g), torch.randn(5, 96, generator=g)
+    norm = RMSNorm(96, 1e-5)
+    norm.weight.data = w
+    out, res = fused.add_rms_norm(x, w, 1e-5, r)
+    assert torch.equal(res, x + r)
+    torch.testing.assert_close(out, norm(x + r), rtol=1e-6, atol=1e-6)
+    out, res = fused.add_rms_norm(x, w, 1e-5)
+    assert res is x
+    torch.testing.assert_close(out, norm(x), rtol=1e-6, atol=1e-6)
+
+    heads, kv_heads, d, t = 4, 2, 16, 3
+    qkv = torch.randn(t, (heads + 2 * kv_heads) * d, generator=g)
+    inv = 1 / 10000 ** (torch.arange(0, d, 2).float() / d)
+    f = torch.arange(t).float()[:, None] * inv
+    emb = torch.cat((f, f), -1)[:, None, :]
+    cos, sin = emb.cos(), emb.sin()
+    q, k = fused.rope(qkv, cos, sin, heads, kv_heads, d)
+    q_ref = qkv[:, :heads * d].view(t, heads, d)
+    k_ref = qkv[:, heads * d:(heads + kv_heads) * d].view(t, kv_heads, d)
+    torch.testing.assert_close(q, q_ref * cos + rotate_half(q_ref) * sin, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(k, k_ref * cos + rotate_half(k_ref) * sin, rtol=1e-6, atol=1e-6)
+
+    gate_up = torch.randn(4, 2 * 1500, generator=g)  # not a multiple of the kernel's block
+    gate, up = gate_up.chunk(2, -1)
+    torch.testing.assert_close(fused.silu_mul(gate_up), torch.nn.functional.silu(gate) * up, rtol=1e-5, atol=1e-6)
+
+
+def test_the_stored_trace_is_what_its_header_says():
+    trace = bench.load_trace()
+    assert len(trace) == 96
+    assert all(64 <= p <= 1024 and 16 <= o <= 256 for _, p, o in trace)
+    assert [a for a, _, _ in trace] == sorted(a for a, _, _ in trace)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--only", "decode,nope"], "--only"),
+    (["--reps", "0"], "--reps"),
+    (["--budget-s", "nan"], "--budget-s"),
+    (["--device", "tpu"], "--device"),
+])
+def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_a_cpu_run_is_never_recorded(capsys):
+    assert bench.main(["--record", "--device", "cpu"]) == 2
+    assert "--record" in capsys.readouterr().err
+
+
+def test_report_renders_recorded_rows_and_refuses_unknown_sections():
+    if not report.engine_recorded("H200"):
+        pytest.skip("no H200 rows recorded")
+    table = report.engine_table("decode", "H200", where="context=128")
+    assert table.splitlines()[0].startswith("| L | B | CUDA graphs |")
+    assert "| 128 | 1 | on |" in table
+    assert "TB/s" in report.engine_env("H200")
+    step = report.engine_value("decode/L128/B1/graphs", "step_ms", "H200")
+    assert report.engine_ratio("decode/L128/B1/graphs", "step_ms", "step_ms", "H200") == "1.00x" and step > 0
+    with pytest.raises(report.ResultsError, match="unknown section"):
+        report.engine_table("nope", "H200")
+    with pytest.raises(report.ResultsError, match="no field"):
+        report.engine_value("decode/L128/B1/graphs", "nope", "H200")
