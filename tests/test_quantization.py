@@ -190,3 +190,13 @@ def test_weight_only_kernel_with_wide_tiles_on_a_ragged_n(bits):
         ref = x.float() @ kernels.dequantize_int4(torch, q, s, 64, torch.float32).t()
     y = kernels.weight_only_gemm(torch, x, q, s, bits, group=64, block_n=64)
     assert ((y.float() - ref).norm() / ref.norm()).item() < 2e-3
+
+
+def test_speed_rows_print_with_a_failed_variant_or_baseline():
+    from labs.quantization import speed
+
+    ok = {"layer": "k_proj/v_proj", "m": 1, "variant": "int4-wo", "ok": True, "time_us": 5.0, "vs_bf16": None,
+          "bytes": 2_100_000, "gb_s": 420.0, "tflop_s": 1.7}
+    bad = {"layer": "k_proj/v_proj", "m": 1, "variant": "fp8-gemm", "ok": False, "error": "RuntimeError: no fp8"}
+    text = speed.printed({"gemm": [ok, bad]})["all"]
+    assert "failed: RuntimeError: no fp8" in text and "int4-wo" in text

@@ -45,7 +45,8 @@ HEADER = f"{'layer':<18} {'M':>4} {'variant':<9} {'time us':>9} {'vs bf16':>8} {
 def format_row(r: dict) -> str:
     if not r.get("ok", True):
         return f"{r['layer']:<18} {r['m']:>4} {r['variant']:<9} failed: {r['error']}"
-    return (f"{r['layer']:<18} {r['m']:>4} {r['variant']:<9} {r['time_us']:>9.1f} {r['vs_bf16']:>8.3f} "
+    vs = "-" if r.get("vs_bf16") is None else f"{r['vs_bf16']:.3f}"  # bf16 itself failed at this M
+    return (f"{r['layer']:<18} {r['m']:>4} {r['variant']:<9} {r['time_us']:>9.1f} {vs:>8} "
             f"{r['bytes'] / 1e6:>8.1f} {r['gb_s']:>7.0f} {r['tflop_s']:>8.1f}")
 
 
