@@ -43,10 +43,12 @@ class LabResults:
         if not self.recorded(gpu):
             return self.missing()
         e = self.entry(gpu)
+        # Labs that time against the copy bandwidth record it; a lab that does not (the GEMM speed lab) says nothing of it.
+        copy = (f"copy bandwidth in the same run {e['copy_gb_s']:,.0f} GB/s (read + written); "
+                if e.get("copy_gb_s") else "")
         return (f"Measured on an {e['gpu']} ({e['sm_count']} SMs, compute capability {e['compute_capability']}) "
                 f"on {e['date']}: driver {e['driver']}, CUDA {e['cuda']}, torch {e['torch']}, Triton {e['triton']}; "
-                f"copy bandwidth in the same run {e['copy_gb_s']:,.0f} GB/s (read + written); "
-                f"medians of {e['reps']} calls, L2 flushed before each.")
+                f"{copy}medians of {e['reps']} calls, L2 flushed before each.")
 
     def rows(self, section: str, gpu: str) -> list[dict]:
         e = self.entry(gpu)
