@@ -367,8 +367,43 @@ class Chunk(NamedTuple):
     samples: bool = True
 
 
+class _Roofs:
+    """The two roofs of a piece of work that has `flops`, `bytes`, `flops_per_s` and `bytes_per_s`.
+
+    One definition for a whole step (StepCost) and one operator (OpCost), so "floor" and
+    "bound" mean the same thing everywhere the site prints them.
+    """
+
+    @property
+    def compute_s(self) -> float:
+        return self.flops / self.flops_per_s
+
+    @property
+    def memory_s(self) -> float:
+        return self.bytes / self.bytes_per_s
+
+    @property
+    def floor_s(self) -> float:
+        """The work can take no less than this: the slower of the two roofs."""
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte moved."""
+        return self.flops / self.bytes
+
+    @property
+    def attained_flops_per_s(self) -> float:
+        """FLOP/s the work would sustain running at its floor: min(peak, intensity x bandwidth)."""
+        return self.flops / self.floor_s
+
+
 @dataclass(frozen=True)
-class StepCost:
+class StepCost(_Roofs):
     """One rank's work in one forward step, and its two time floors."""
 
     flops: float
@@ -387,28 +422,6 @@ class StepCost:
         return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes
 
     @property
-    def compute_s(self) -> float:
-        return self.flops / self.flops_per_s
-
-    @property
-    def memory_s(self) -> float:
-        return self.bytes / self.bytes_per_s
-
-    @property
-    def floor_s(self) -> float:
-        """The step can take no less than this: the slower of the two roofs."""
-        return max(self.compute_s, self.memory_s)
-
-    @property
-    def bound(self) -> str:
-        return "compute" if self.compute_s >= self.memory_s else "memory"
-
-    @property
-    def intensity(self) -> float:
-        """FLOPs per byte moved."""
-        return self.flops / self.bytes
-
-    @property
     def compute_fraction(self) -> float:
         """Share of the floor the tensor cores are busy (1 when compute-bound)."""
         return self.compute_s / self.floor_s
@@ -422,11 +435,6 @@ class StepCost:
     def kv_read_s(self) -> float:
         """Time to read the cached KV alone at the bandwidth: the attention kernel's floor."""
         return self.kv_read_bytes / self.bytes_per_s
-
-    @property
-    def attained_flops_per_s(self) -> float:
-        """FLOP/s the step would sustain running at its floor: min(peak, intensity x bandwidth)."""
-        return self.flops / self.floor_s
 
     @property
     def kv_fraction(self) -> float:
@@ -883,37 +891,13 @@ def offline_throughput_bound(dep: Deployment, trace: Iterable, concurrency: int)
 
 
 @dataclass(frozen=True)
-class OpCost:
+class OpCost(_Roofs):
     """FLOPs and HBM bytes of one kernel, and its floors at the given rates."""
 
     flops: float
     bytes: float
     flops_per_s: float
     bytes_per_s: float
-
-    @property
-    def intensity(self) -> float:
-        return self.flops / self.bytes
-
-    @property
-    def compute_s(self) -> float:
-        return self.flops / self.flops_per_s
-
-    @property
-    def memory_s(self) -> float:
-        return self.bytes / self.bytes_per_s
-
-    @property
-    def floor_s(self) -> float:
-        return max(self.compute_s, self.memory_s)
-
-    @property
-    def bound(self) -> str:
-        return "compute" if self.compute_s >= self.memory_s else "memory"
-
-    @property
-    def attained_flops_per_s(self) -> float:
-        return self.flops / self.floor_s
 
 
 GEMM_DTYPES = {"bf16": 2, "fp8": 1}  # input bytes per element; the output is bf16 either way
