@@ -32,14 +32,16 @@ def number_word(n: int) -> str:
 
 
 def parts_phrase(parts: list[int]) -> str:
-    """[0, 1, 2, 3, 5] -> '0–3 and 5': consecutive parts as one range."""
+    """[0, 1, 2, 3, 5] -> '0–3 and 5', [0, 1, 2, 7, 8] -> '0–2, 7 and 8': three or more in a row as a range."""
     runs: list[list[int]] = []
     for p in sorted(parts):
         if runs and p == runs[-1][-1] + 1:
             runs[-1].append(p)
         else:
             runs.append([p])
-    items = [f"{r[0]}" if len(r) == 1 else f"{r[0]}–{r[-1]}" if len(r) > 2 else f"{r[0]}, {r[1]}" for r in runs]
+    items: list[str] = []
+    for r in runs:  # three or more in a row make a range; one or two stay single numbers
+        items += [f"{r[0]}–{r[-1]}"] if len(r) > 2 else [str(p) for p in r]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
