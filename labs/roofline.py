@@ -254,6 +254,14 @@ class Deployment:
         """
         return decode(self, batch, context).floor_s / decode(self, base, context).floor_s
 
+    def kv_read_limit(self, context: int) -> float:
+        """Decode tokens/s as the batch grows without bound at `context`: bandwidth over one sequence's cache.
+
+        The weight read is shared by the whole batch and amortises away; each new token still
+        reads its own sequence's KV, so throughput flattens towards this.
+        """
+        return self.memory_bandwidth.bytes_per_s / self.kv_bytes(context)
+
     def weight_bytes(self) -> int:
         return weight_bytes(self)
 

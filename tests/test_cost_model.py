@@ -309,3 +309,10 @@ def test_tpot_rise_spreads_the_prefill_steps_extra_time_over_the_decode_tokens(l
     assert chunked.tpot_rise(200) == pytest.approx(sum(s.floor_s - alone for s in chunked.steps) / 200)
     with pytest.raises(r.CostModelError, match="cannot arrive once per 2"):
         chunked.tpot_rise(2)
+
+
+def test_kv_read_limit_is_what_decode_tokens_per_s_tends_to(l8):
+    limit = r.deployment("llama-3.1-8b", "h200").kv_read_limit(2048)
+    assert limit == pytest.approx(4.8e12 / (2048 * 131072))
+    assert r.decode(l8, 1 << 16, 2048).tokens_per_s == pytest.approx(limit, rel=0.01)
+    assert r.decode(l8, 256, 2048).tokens_per_s < limit
