@@ -17,6 +17,9 @@ retype a measured number:
   on the pool of the run that recorded it);
 * `engine_sim_error(name, field, gpu)`: how far the simulator's prediction of `field` (its
   `sim_<field>`) was from the measurement, as "+170%" or "-12%";
+* `engine_over(name, other, field, gpu)`: one row's field over another's, as "10.2x" (the engine
+  against Hugging Face on the same trace);
+* `engine_has(name, gpu)`: whether a row is recorded, for a page's `{% if %}`;
 * `engine_measured(gpu)`: "NVIDIA H200, 2026-12-01", for a lesson's prose;
 * `engine_recorded(gpu)`: for a page's `{% if %}`.
 
@@ -206,6 +209,16 @@ def engine_decode(context: int, batch: int | str, gpu: str, graphs: bool = True)
     return out
 
 
+def engine_over(name: str, other: str, field: str, gpu: str) -> str:
+    """row `name`'s field over row `other`'s, as "10.2x": the engine against another system on the same trace."""
+    return f"{engine_value(name, field, gpu) / engine_value(other, field, gpu):.1f}x"
+
+
+def engine_has(name: str, gpu: str) -> bool:
+    """Whether row `name` is recorded for `gpu`: for a page's `{% if %}` around a section that may not have run."""
+    return engine_recorded(gpu) and _machine(gpu).has(name=name)
+
+
 def engine_sim_error(name: str, field: str, gpu: str) -> str:
     """(simulated - measured) / measured for one field of row `name`, as "+170%"."""
     measured, simulated = engine_value(name, field, gpu), engine_value(name, f"sim_{field}", gpu)
@@ -213,4 +226,4 @@ def engine_sim_error(name: str, field: str, gpu: str) -> str:
 
 
 MACROS = [engine_recorded, engine_measured, engine_env, engine_table, engine_value, engine_ratio, engine_decode,
-          engine_sim_error]
+          engine_sim_error, engine_over, engine_has]
