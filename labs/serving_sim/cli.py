@@ -205,7 +205,7 @@ def _setup(a: argparse.Namespace) -> scenarios.Setup:
     # vllm/config/scheduler.py refuses a token budget below an explicit max_num_seqs (a defaulted one
     # is lowered to the budget, in setup, as vLLM's EngineArgs does).
     if a.max_num_batched_tokens is not None and a.max_num_batched_tokens < s.max_num_seqs:
-        raise specs.SpecError(f"argument --max-num-batched-tokens: must be >= --max-num-seqs ({s.max_num_seqs}), "
+        raise specs.SpecError(f"argument --max-num-batched-tokens: must be >= max_num_seqs ({s.max_num_seqs}), "
                               f"as vLLM 0.33 requires; got {a.max_num_batched_tokens}")
     return s
 
