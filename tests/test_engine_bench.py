@@ -106,6 +106,8 @@ def test_report_decode_rows_by_shape_beside_the_datasheet_floor(tmp_path, monkey
     assert e["step_ms"] == 8.0 and e["over_floor"] == pytest.approx(8.0 / 5.0)
     assert e["model_floor_ms"] == pytest.approx(d.decode(64, 1024).floor_s * 1e3)
     assert e["over_model"] == pytest.approx(8.0 / (d.decode(64, 1024).floor_s * 1e3))
+    assert e["attained_flops_per_s"] == pytest.approx(d.decode(64, 1024).flops / 8e-3)
+    assert e["attained_fraction"] == pytest.approx(e["attained_flops_per_s"] / d.flops_per_s)
     assert e["step_growth"] == pytest.approx(8.0 / 5.0) and e["throughput_gain"] == pytest.approx(64 * 5.0 / 8.0)
     assert e["model_throughput_gain"] == pytest.approx(d.throughput_gain(64, 1024))
     assert report.engine_decode(1024, 1, "H200", graphs=False)["step_ms"] == 20.0

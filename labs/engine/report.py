@@ -178,7 +178,8 @@ def engine_decode(context: int, batch: int | str, gpu: str, graphs: bool = True)
     Keys: the row's fields (step_ms, floor_ms at the run's measured rates, tok_s, ...);
     `model_floor_ms` / `model_tok_s` (labs/roofline.py at the datasheet bandwidth and FLOP/s,
     bf16); `over_floor` (step / floor at measured rates) and `over_model` (step / datasheet
-    floor); and, where B = 1 was measured at that context, `step_growth` and `throughput_gain`
+    floor); `attained_flops_per_s` and `attained_fraction` (the cost model's FLOPs over the measured
+    step, and that over the datasheet peak); and, where B = 1 was measured at that context, `step_growth` and `throughput_gain`
     against it beside the cost model's `model_step_growth` and `model_throughput_gain`.
     """
     from labs import roofline
@@ -201,7 +202,10 @@ def engine_decode(context: int, batch: int | str, gpu: str, graphs: bool = True)
     one = [r for r in m.rows if r.get("section") == "decode" and r.get("context") == context
            and r.get("cuda_graphs") is graphs and r.get("batch") == 1]
     out = {**row, "model_floor_ms": step.floor_s * 1e3, "model_tok_s": step.tokens_per_s,
-           "over_floor": row["step_ms"] / row["floor_ms"], "over_model": row["step_ms"] / (step.floor_s * 1e3)}
+           "over_floor": row["step_ms"] / row["floor_ms"], "over_model": row["step_ms"] / (step.floor_s * 1e3),
+           # the step's FLOPs (as the cost model counts them) over the measured time, and that over the peak
+           "attained_flops_per_s": step.flops / (row["step_ms"] / 1e3),
+           "attained_fraction": step.flops / (row["step_ms"] / 1e3) / step.flops_per_s}
     if one:  # against B = 1 at the same context: what the cost model's step_growth / throughput_gain predict
         out.update(step_growth=row["step_ms"] / one[0]["step_ms"], throughput_gain=row["tok_s"] / one[0]["tok_s"],
                    model_step_growth=dep.step_growth(row["batch"], context),
