@@ -254,6 +254,14 @@ class Deployment:
         """
         return decode(self, batch, context).floor_s / decode(self, base, context).floor_s
 
+    def kv_read_limit(self, context: int) -> float:
+        """Decode tokens/s as the batch grows without bound at `context`: bandwidth over one sequence's cache.
+
+        The weight read is shared by the whole batch and amortises away; each new token still
+        reads its own sequence's KV, so throughput flattens towards this.
+        """
+        return self.memory_bandwidth.bytes_per_s / self.kv_bytes(context)
+
     def weight_bytes(self) -> int:
         return weight_bytes(self)
 
@@ -613,6 +621,20 @@ class ChunkedPrefill:
     def total_s(self) -> float:
         """Sum of the steps' floors: the prompt's time to first token, queueing aside."""
         return sum(s.floor_s for s in self.steps)
+
+    def tpot_rise(self, every: int) -> float:
+        """How much each running decode's mean TPOT grows when this prefill arrives once per `every` steps.
+
+        The time the prefill's steps add over decode-only steps, spread over `every` tokens: a
+        mean that hides a worst gap of `stall_ratio` normal ones.
+        """
+        if every < self.count:
+            raise CostModelError(f"the prefill takes {self.count} steps; it cannot arrive once per {every}")
+        return sum(s.floor_s - self.decode_only_s for s in self.steps) / every
+
+    def tpot_rise_fraction(self, every: int) -> float:
+        """`tpot_rise(every)` over a decode-only step."""
+        return self.tpot_rise(every) / self.decode_only_s if self.decode_only_s else float("inf")
 
 
 def chunked_prefill(dep: Deployment, prompt: int, budget: int | None, decodes: int = 0,
