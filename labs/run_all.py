@@ -95,6 +95,9 @@ STEPS: tuple[Step, ...] = (
     Step("cuda-graphs-bench", "labs.cuda_graphs",
          ("--out", "{out}"),
          what="a decode step and a prefill eager vs CUDA graph; a fused add + RMSNorm"),
+    Step("lora-bench", "labs.lora.bench",
+         ("--out", "{out}"),
+         what="many LoRA adapters in one batch: per-adapter loop vs segmented shrink/expand Triton kernels"),
 )
 # --8<-- [end:steps]
 STEP_NAMES = tuple(step.name for step in STEPS)
