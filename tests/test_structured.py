@@ -196,3 +196,12 @@ def test_quick_run_writes_its_rows(tmp_path, capsys):
     doc = json.loads((tmp_path / "structured.json").read_text())
     row = doc["machines"]["CPU"]["rows"][0]
     assert row["ok"] and row["mask_mismatches"] == 0 and row["bigram_constrained_conform"] == row["samples"]
+
+
+def test_report_renders_the_recorded_run():
+    from labs.structured import report
+
+    table = report.structured_table()
+    assert table.count("\n") == 1 + len(report._rows()) and "16,384" in table
+    assert report.bitmask_bytes("llama-3.1-8b") == 4008 * 4  # cdiv(128,256, 32) int32 words
+    assert report.structured_row(16384)["ok"]
