@@ -104,6 +104,10 @@ def fit(count: float) -> str:
 def _fmt_value(value: Any) -> str:
     if isinstance(value, bool):
         return str(value)  # Python spelling, as vLLM's Python API takes it
+    if isinstance(value, dict):  # a config object's default, as its JSON flag takes it
+        import json
+
+        return json.dumps(value)
     return "None" if value is None else str(value)
 
 

@@ -88,7 +88,7 @@ Scalar = Union[bool, int, datafile.FLOAT_OR_INF, str, None]
 @dataclass(frozen=True)
 class _Arg:
     flag: str
-    default: Scalar
+    default: Union[Scalar, dict[str, Scalar]]  # a mapping for a config object: the fields pages name
     meaning: str
     source: str
     aliases: tuple[str, ...] = ()
