@@ -80,3 +80,9 @@ def test_report_renders_recorded_rows_and_refuses_unknown_sections():
         report.engine_table("nope", "H200")
     with pytest.raises(report.ResultsError, match="no field"):
         report.engine_value("decode/L128/B1/graphs", "nope", "H200")
+
+
+def test_decode_table_keeps_only_the_rungs_the_latest_pool_held():
+    rows = [{"context": 1024, "batch": 1, "pool_batch": 868}, {"context": 1024, "batch": 868, "pool_batch": 868},
+            {"context": 1024, "batch": 882, "pool_batch": 882}, {"context": 128, "batch": 4, "pool_batch": 99}]
+    assert [r["batch"] for r in report._latest_ladder(rows)] == [1, 868, 4]
