@@ -85,6 +85,16 @@ def test_decode_paths_agree():
     assert [o.token_ids for o in a] == [o.token_ids for o in b]
 
 
+def test_varlen_mixed_steps_are_token_exact(hf):
+    """Every eager step (prefill chunks and decodes together) through one varlen kernel launch per layer."""
+    prompts = random_prompts([5, 40, 3, 19], CFG.vocab_size, seed=4)
+    llm = _llm(decode_attention="triton", mixed_attention="varlen", cuda_graphs=False, max_num_batched_tokens=24)
+    seen = _record_steps(llm)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=4, temperature=0.0))
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p, 4) for p in prompts]
+    assert any(any(n == 1 for _, _, n in step[:-1]) and any(n > 1 for _, _, n in step[:-1]) for step in seen)
+
+
 def test_fixed_shape_decode_step_matches_transformers(hf):
     """What a CUDA graph replays, run eagerly (cuda_graphs="emulate"): batch buckets with padding
     rows on the null block, max_seq_len fixed at the table's capacity, a fixed 2-way split."""

@@ -118,3 +118,9 @@ def test_report_decode_rows_by_shape_beside_the_datasheet_floor(tmp_path, monkey
     assert report.engine_sim_error("offline/C64", "output_tok_s", "H200") == "+150%"
     assert report.engine_over("offline/C64", "hf/C64/eager", "output_tok_s", "H200") == "10.0x"
     assert report.engine_has("hf/C64/eager", "H200") and not report.engine_has("hf/C1/eager", "H200")
+
+
+def test_decode_table_keeps_only_the_rungs_the_latest_pool_held():
+    rows = [{"context": 1024, "batch": 1, "pool_batch": 868}, {"context": 1024, "batch": 868, "pool_batch": 868},
+            {"context": 1024, "batch": 882, "pool_batch": 882}, {"context": 128, "batch": 4, "pool_batch": 99}]
+    assert [r["batch"] for r in report._latest_ladder(rows)] == [1, 868, 4]

@@ -364,10 +364,10 @@ def calculator_html(data: dict, model: str, gpu: str, max_model_len: int) -> str
 
 def engine_decode_figure(page_url: str, gpu: str) -> str:
     """Measured decode step time against batch, CUDA graphs on, one curve per context, each with its floor."""
-    from labs.engine.report import _machine  # the lab owns its file and its errors
+    from labs.engine.report import _latest_ladder, _machine  # the lab owns its file and its errors
 
     m = _machine(gpu)
-    rows = [r for r in m.rows if r.get("section") == "decode" and r.get("cuda_graphs")]
+    rows = _latest_ladder([r for r in m.rows if r.get("section") == "decode" and r.get("cuda_graphs")])
     if not rows:
         raise PlotError(f"no decode rows with CUDA graphs recorded for {gpu}")
     series = {}

@@ -2,7 +2,8 @@
 
 Modules, in the order a request meets them: ``sequence`` (request state, SamplingParams),
 ``block_manager`` (KV blocks, prefix caching), ``scheduler`` (what runs each step),
-``runner`` (runs a step on the device), ``model`` (the decoder), ``sampler``, and ``llm``
+``runner`` (runs a step on the device), ``model`` (the decoder), ``fused`` and ``varlen``
+(its Triton kernels), ``sampler``, and ``llm``
 (the ``LLM`` front end); ``config`` and ``tokenizer`` hold what they are built from. The
 scheduler and block manager are plain Python: the serving simulator runs them without torch.
 

@@ -54,11 +54,14 @@ RESULTS_PATH = RESULTS_DIR / "engine.json"
 CONTEXTS = (128, 1024, 8192)
 BATCH_CAP = 1024  # the decode ladder stops here where the pool would hold more (L = 128 and 1,024)
 CONCURRENCY = 64
-BUDGET_TOKENS = 8192  # max_num_batched_tokens of the trace runs
+BUDGET_TOKENS = 8192  # max_num_batched_tokens of the trace runs with arrivals (vLLM 0.33's server default on an H200)
+# ... and of the offline run: vLLM 0.33's default for the LLM class on H100/H200-class GPUs
+# (EngineArgs default_max_num_batched_tokens, vllm/engine/arg_utils.py)
+OFFLINE_BUDGET_TOKENS = 16384
 CHUNK_BUDGETS = (512, 2048, 4096, 8192, 16384)
 SYSTEM_PROMPTS = (512, 2048, 8192)
 # Rough seconds a section needs on an H200 (full run): it is skipped when less than this is left.
-SECTION_COST_S = {"stages": 8, "decode": 30, "offline": 12, "hf": 25, "batching": 15, "chunked": 12,
+SECTION_COST_S = {"stages": 8, "decode": 30, "offline": 16, "hf": 25, "batching": 15, "chunked": 12,
                   "prefix": 6, "preempt": 15}
 
 
@@ -300,6 +303,8 @@ def section_stages(b: Bench) -> None:
                 graph = runner.graphs[bucket][0]
                 if graph is not None:
                     fields["replay_ms"] = _ms(_median_s(lambda: (graph.replay(), b.sync()), reps))
+                    if fused and b.args.out:
+                        _profile_replay(b, graph, batch)
             if fused:
                 fields["linears_ms"] = _ms(_linears_s(b, batch, reps))
                 fields["kernels_per_step"] = _kernel_count(b, out)
@@ -333,6 +338,18 @@ def _linears_s(b: Bench, batch: int, reps: int) -> float:
     with torch.cuda.graph(g):
         run()
     return _median_s(lambda: (g.replay(), b.sync()), reps)
+
+
+def _profile_replay(b: Bench, graph, batch: int) -> None:
+    """The kernels of one captured decode step, by GPU time, into --out (profile_graph_B<batch>.txt)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            graph.replay()
+        b.sync()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=30)
+    (b.args.out / f"profile_graph_B{batch}.txt").write_text(f"5 replays of the B = {batch} graph\n{table}\n")
 
 
 def _kernel_count(b: Bench, out) -> int | None:
@@ -391,9 +408,9 @@ def _trace(b: Bench):
     return trace
 
 
-def _trace_config(b: Bench, trace, concurrency: int, policy: str = "continuous") -> dict:
+def _trace_config(b: Bench, trace, concurrency: int, policy: str = "continuous", budget: int = BUDGET_TOKENS) -> dict:
     max_len = max(p + o for _, p, o in trace) + 16
-    return dict(max_model_len=max_len, max_num_seqs=concurrency, max_num_batched_tokens=BUDGET_TOKENS,
+    return dict(max_model_len=max_len, max_num_seqs=concurrency, max_num_batched_tokens=budget,
                 num_blocks=concurrency * -(-max_len // 16), policy=policy)
 
 
@@ -422,24 +439,28 @@ def section_offline(b: Bench) -> None:
     """The target: offline throughput against the cost model's bound at this concurrency."""
     trace = _trace(b)
     conc = 8 if b.args.quick else CONCURRENCY
-    cfg = _trace_config(b, trace, conc)
+    cfg = _trace_config(b, trace, conc, budget=OFFLINE_BUDGET_TOKENS)
     b.reconfigure(**cfg)
-    log("offline: warm-up (captures the decode graphs) ...")
-    b.serve([(0.0, p, 4) for _, p, _ in trace[:conc]], honor_arrivals=False)
+    log("offline: warm-up, the whole trace once (captures every batch bucket's graph, compiles every kernel) ...")
+    b.serve(trace, honor_arrivals=False)
     b.llm.steps = []
     seqs, wall = b.serve(trace, honor_arrivals=False)
     out_tokens = sum(s.num_output for s in seqs)
     bound = b.dep.throughput_bound([(p, o) for _, p, o in trace], conc)
     measured = out_tokens / wall
     dec = [s.seconds for s in b.llm.steps if s.decode_only]
+    mixed = [s.seconds for s in b.llm.steps if not s.decode_only]
     sim = _simulate(b, trace, cfg, honor_arrivals=False)
     sim_dec = [dt for dt, n, r, _ in sim.step_log if n == r]
     sim_tok_s = sum(s.num_output for s in sim.requests) / sim.end_time
-    b.row(f"offline/C{conc}", "offline", concurrency=conc, requests=len(trace), output_tokens=out_tokens,
+    b.row(f"offline/C{conc}", "offline", concurrency=conc, max_num_batched_tokens=cfg["max_num_batched_tokens"],
+          requests=len(trace), output_tokens=out_tokens,
           seconds=round(wall, 3), output_tok_s=round(measured, 1), bound_tok_s=round(bound.output_tokens_per_s, 1),
           efficiency=round(measured / bound.output_tokens_per_s, 3), bound_prefill_s=round(bound.prefill_s, 3),
           bound_decode_s=round(bound.decode_s, 3), steps=len(b.llm.steps),
           decode_step_ms_mean=_ms(statistics.fmean(dec)) if dec else None,
+          decode_steps=len(dec), decode_steps_s=round(sum(dec), 3), mixed_steps=len(mixed),
+          mixed_steps_s=round(sum(mixed), 3),
           sim_output_tok_s=round(sim_tok_s, 1), sim_seconds=round(sim.end_time, 3), sim_steps=sim.steps,
           sim_decode_step_ms_mean=_ms(statistics.fmean(sim_dec)) if sim_dec else None,
           sim_error=round(sim_tok_s / measured - 1, 3), preemptions=b.llm.scheduler.preemptions)

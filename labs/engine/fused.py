@@ -1,10 +1,15 @@
-"""Fused elementwise kernels for the decode step: RMSNorm (with the residual add), RoPE, SiLU-and-mul.
+"""Fused elementwise kernels for the decode step: RMSNorm (with the residual add), RoPE with the K/V cache write, SiLU-and-mul.
 
 Why: at small batch a decode step is a few large matmuls and many tiny elementwise ops. Written
 in torch, one Llama layer launches about 40 kernels (RMSNorm alone is seven: cast, square,
 mean, rsqrt, multiply, cast, weight); each runs for a few microseconds even inside a CUDA
 graph, so 32 layers add milliseconds to a step whose weight read takes 3.5 ms. vLLM fuses the
 same three groups (its `fused_add_rms_norm`, `rotary_embedding` and `silu_and_mul` ops).
+
+`rope_and_cache` goes one step further: one launch rotates q and k for every head and stores
+the rotated k and the v straight into the paged cache at each token's slot. Unfused, that was
+two RoPE launches and two `index_put` writes (plus a copy of the strided v) per layer: at
+B = 1 the cache writes alone were most of the non-matmul time of a captured step.
 
 Each kernel rounds where transformers' LlamaForCausalLM rounds, so the fused model keeps the
 torch path's numbers to within float32 reduction order:
@@ -80,6 +85,65 @@ def _rope_kernel(src_ptr, src_row_stride, src_col0, cos_ptr, sin_ptr, dst_ptr, n
     dst = dst_ptr + (t * n_heads + h) * D
     tl.store(dst + i, o1.to(ty))
     tl.store(dst + HALF + i, o2.to(ty))
+
+
+@triton.jit
+def _rope_cache_kernel(src_ptr, src_row_stride, cos_ptr, sin_ptr, q_ptr, kc_ptr, vc_ptr, slot_ptr, slot_stride,
+                       n_heads, n_kv_heads, D: tl.constexpr, HALF: tl.constexpr):
+    """Program (t, h): h < n_heads rotates query head h into q; else KV head h - n_heads goes to the cache."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    i = tl.arange(0, HALF)
+    ty = q_ptr.dtype.element_ty
+    if h < n_heads:
+        src = src_ptr + t * src_row_stride + h * D
+        dst = q_ptr + (t * n_heads + h) * D
+    else:
+        j = h - n_heads
+        src = src_ptr + t * src_row_stride + (n_heads + j) * D
+        slot = tl.load(slot_ptr + t * slot_stride).to(tl.int64)
+        dst = kc_ptr + (slot * n_kv_heads + j) * D
+        v_src = src_ptr + t * src_row_stride + (n_heads + n_kv_heads + j) * D
+        v_dst = vc_ptr + (slot * n_kv_heads + j) * D
+        tl.store(v_dst + i, tl.load(v_src + i))
+        tl.store(v_dst + HALF + i, tl.load(v_src + HALF + i))
+    x1 = tl.load(src + i).to(tl.float32)
+    x2 = tl.load(src + HALF + i).to(tl.float32)
+    c1 = tl.load(cos_ptr + t * D + i).to(tl.float32)
+    c2 = tl.load(cos_ptr + t * D + HALF + i).to(tl.float32)
+    s1 = tl.load(sin_ptr + t * D + i).to(tl.float32)
+    s2 = tl.load(sin_ptr + t * D + HALF + i).to(tl.float32)
+    o1 = (x1 * c1).to(ty).to(tl.float32) + (-x2 * s1).to(ty).to(tl.float32)
+    o2 = (x2 * c2).to(ty).to(tl.float32) + (x1 * s2).to(ty).to(tl.float32)
+    tl.store(dst + i, o1.to(ty))
+    tl.store(dst + HALF + i, o2.to(ty))
+
+
+# --8<-- [start:rope_and_cache]
+def rope_and_cache(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv_heads: int,
+                   head_dim: int, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """Rotated q (T, Hq, d); the rotated k and the v of token t are stored at cache row slots[t].
+
+    k_cache, v_cache: (num_blocks, block_size, Hkv, d) in qkv's dtype (an fp8 cache needs
+    `PagedKVCache.write`, which scales). slots: (T,) int32 or int64, slot = block * block_size + offset.
+    """
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    t = qkv.shape[0]
+    if k_cache.dtype != qkv.dtype or v_cache.dtype != qkv.dtype:
+        raise ValueError(f"the cache must hold qkv's dtype {qkv.dtype}, got {k_cache.dtype}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("k_cache and v_cache must be contiguous")
+    if slots.shape != (t,):
+        raise ValueError(f"slots must be ({t},), got {tuple(slots.shape)}")
+    cos, sin = cos.reshape(t, head_dim).contiguous(), sin.reshape(t, head_dim).contiguous()
+    q = torch.empty(t, n_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if t:
+        _rope_cache_kernel[(t, n_heads + n_kv_heads)](qkv, qkv.stride(0), cos, sin, q, k_cache, v_cache, slots,
+                                                       slots.stride(0), n_heads, n_kv_heads, D=head_dim,
+                                                       HALF=head_dim // 2)
+    return q
+# --8<-- [end:rope_and_cache]
 
 
 def rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int, n_kv_heads: int,

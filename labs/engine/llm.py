@@ -66,10 +66,11 @@ class LLM:
     def __init__(self, model: str = "llama-3.1-8b", *, weights: str | Path | None = None,
                  model_config: ModelConfig | None = None, n_layers: int | None = None, dtype: str = "auto",
                  device: str | None = None, seed: int = 0, decode_attention: str = "triton",
-                 cuda_graphs: bool | str = True, **engine_args):
+                 cuda_graphs: bool | str = True, mixed_attention: str = "auto", **engine_args):
         """model: a name from labs/data/models.yaml (seeded random weights), ignored when `weights`
         names a local Hugging Face folder or `model_config` is given. n_layers: keep only the first
-        N layers (a smaller model of the same shapes). engine_args: EngineConfig's fields.
+        N layers (a smaller model of the same shapes). decode_attention, cuda_graphs,
+        mixed_attention: ModelRunner's. engine_args: EngineConfig's fields.
         """
         if model_config is None:
             model_config = ModelConfig.from_hf_folder(weights) if weights else ModelConfig.from_spec(model)
@@ -95,8 +96,9 @@ class LLM:
         c = self.config
         self.blocks = BlockManager(c.usable_blocks + 1, c.block_size, c.enable_prefix_caching)
         self.scheduler = Scheduler(c, self.blocks, time.perf_counter, eos_token_ids=self.tokenizer.eos_token_ids)
-        self.runner = ModelRunner(self.model, c, decode_attention=decode_attention, cuda_graphs=cuda_graphs)
-        self._decode_attention, self._cuda_graphs = decode_attention, cuda_graphs
+        self.runner = ModelRunner(self.model, c, decode_attention=decode_attention, cuda_graphs=cuda_graphs,
+                                  mixed_attention=mixed_attention)
+        self._decode_attention, self._cuda_graphs, self._mixed = decode_attention, cuda_graphs, mixed_attention
         self.steps: list[StepRecord] = []
         self._next_id = 0
 
@@ -115,7 +117,8 @@ class LLM:
                               f"max_position_embeddings {self.model.cfg.max_position_embeddings}")
         self.blocks = BlockManager(c.usable_blocks + 1, c.block_size, c.enable_prefix_caching)
         self.scheduler = Scheduler(c, self.blocks, time.perf_counter, eos_token_ids=self.tokenizer.eos_token_ids)
-        self.runner = ModelRunner(self.model, c, decode_attention=self._decode_attention, cuda_graphs=self._cuda_graphs)
+        self.runner = ModelRunner(self.model, c, decode_attention=self._decode_attention, cuda_graphs=self._cuda_graphs,
+                                  mixed_attention=self._mixed)
         self.steps = []
 
     def _build(self, cfg: ModelConfig, dtype: torch.dtype, weights, seed: int) -> LlamaModel:

@@ -27,7 +27,8 @@ from torch import nn
 
 from labs.engine.config import ModelConfig
 
-# attention(layer, q (T, Hq, d), k (T, Hkv, d), v (T, Hkv, d)) -> (T, Hq, d)
+# attention(layer, q (T, Hq, d), k (T, Hkv, d), v (T, Hkv, d)) -> (T, Hq, d); k = v = None when the fused
+# path has already written them into the cache (LlamaModel._forward_fused)
 Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -185,15 +186,26 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
     def _forward_fused(self, x, cos, sin, attention: Attention) -> torch.Tensor:
-        """forward() with fused kernels; each residual add moves into the next norm, as in vLLM."""
+        """forward() with fused kernels; each residual add moves into the next norm, as in vLLM.
+
+        When the attention callable has a `kv_target(layer)` that returns (k_cache, v_cache,
+        slots), RoPE writes each token's k and v into the cache itself and the callable gets
+        k = v = None; a None target (an fp8 cache, which needs scaling) keeps the old split.
+        """
         from labs.engine import fused
 
         cfg, residual, h = self.cfg, None, x
+        kv_target = getattr(attention, "kv_target", None)
         for i, layer in enumerate(self.layers):
             normed, residual = fused.add_rms_norm(h, layer.input_layernorm.weight, cfg.rms_norm_eps, residual)
             qkv = layer.qkv(normed)
-            q, k = fused.rope(qkv, cos, sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
-            v = qkv[:, layer.q_size + layer.kv_size:].view(-1, cfg.n_kv_heads, cfg.head_dim)
+            target = kv_target(i) if kv_target is not None else None
+            if target is not None:  # k and v go straight into the paged cache
+                q = fused.rope_and_cache(qkv, cos, sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, *target)
+                k = v = None
+            else:
+                q, k = fused.rope(qkv, cos, sin, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim)
+                v = qkv[:, layer.q_size + layer.kv_size:].view(-1, cfg.n_kv_heads, cfg.head_dim)
             h = layer.o(attention(i, q, k, v).reshape(-1, layer.q_size))
             normed, residual = fused.add_rms_norm(h, layer.post_attention_layernorm.weight, cfg.rms_norm_eps, residual)
             h = layer.down(fused.silu_mul(layer.gate_up(normed)))

@@ -49,9 +49,12 @@ COLUMNS = {
     "decode": [("context", "L", "{:,}"), ("batch", "B", "{:,}"), ("cuda_graphs", "CUDA graphs", "{}"),
                ("step_ms", "step ms", "{:.2f}"), ("floor_ms", "floor ms", "{:.2f}"),
                ("efficiency", "floor / step", "{:.0%}"), ("tok_s", "tok/s", "{:,.0f}")],
-    "offline": [("concurrency", "concurrency", "{}"), ("requests", "requests", "{}"),
+    "offline": [("concurrency", "concurrency", "{}"), ("max_num_batched_tokens", "token budget", "{:,}"),
+                ("requests", "requests", "{}"),
                 ("output_tok_s", "output tok/s", "{:,.0f}"), ("bound_tok_s", "cost-model bound tok/s", "{:,.0f}"),
-                ("efficiency", "of bound", "{:.0%}"), ("decode_step_ms_mean", "decode step ms", "{:.2f}"),
+                ("efficiency", "of bound", "{:.0%}"), ("decode_steps", "decode-only steps", "{}"),
+                ("decode_steps_s", "their s", "{:.2f}"), ("mixed_steps", "steps with prefill", "{}"),
+                ("mixed_steps_s", "their s", "{:.2f}"), ("decode_step_ms_mean", "decode step ms", "{:.2f}"),
                 ("sim_output_tok_s", "simulator tok/s", "{:,.0f}"),
                 ("sim_decode_step_ms_mean", "simulator decode step ms", "{:.2f}"),
                 ("sim_error", "simulator error", "{:+.0%}")],
@@ -134,6 +137,8 @@ def engine_table(section: str, gpu: str, where: str | None = None) -> str:
     if where:
         field, _, want = where.partition("=")
         rows = [r for r in rows if str(r.get(field)) == want]
+    if section == "decode":
+        rows = _latest_ladder(rows)
     if not rows:
         raise ResultsError(f"engine_table: no {section} rows recorded for {gpu}" + (f" with {where}" if where else ""))
     cols = [c for c in COLUMNS[section] if any(c[0] in r for r in rows)]
@@ -141,6 +146,17 @@ def engine_table(section: str, gpu: str, where: str | None = None) -> str:
     for r in rows:
         lines.append("| " + " | ".join(_fmt(r.get(f), fmt) for f, _, fmt in cols) + " |")
     return "\n".join(lines)
+
+
+def _latest_ladder(rows: list[dict]) -> list[dict]:
+    """Decode rows whose batch fits the pool of the run that recorded that context's B = 1 row.
+
+    The ladder's top rung is the largest batch the KV pool held in that run, so it moves with
+    the free memory; a rung an earlier run reached and the latest did not (B = 882 then 868,
+    say) stays in the file under its own name and is left out here.
+    """
+    pools = {r["context"]: r["pool_batch"] for r in rows if r.get("batch") == 1 and "pool_batch" in r}
+    return [r for r in rows if r.get("batch", 0) <= pools.get(r.get("context"), r.get("batch", 0))]
 
 
 def _row(name: str, gpu: str) -> dict:
@@ -187,8 +203,8 @@ def engine_decode(context: int, batch: int | str, gpu: str, graphs: bool = True)
     m = _machine(gpu)
     rows = [r for r in m.rows if r.get("section") == "decode" and r.get("context") == context
             and r.get("cuda_graphs") is graphs]
-    if batch == "largest":
-        rows = sorted(rows, key=lambda r: r["batch"])[-1:]
+    if batch == "largest":  # the top rung of the latest run's ladder, not a rung only an older pool held
+        rows = sorted(_latest_ladder(rows), key=lambda r: r["batch"])[-1:]
     else:
         rows = [r for r in rows if r.get("batch") == batch]
     if len(rows) != 1:

@@ -20,13 +20,20 @@ from labs.engine.sequence import SamplingParams
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]) -> torch.Tensor:
     """(B, V) logits -> (B,) int64 token ids; `generators[i]` is row i's own, or None for the global one."""
     logits = logits.float()
-    greedy = logits.argmax(dim=-1)
     if all(p.greedy for p in params):
-        return greedy
+        return logits.argmax(dim=-1)
     dev = logits.device
+    vocab = logits.shape[-1]
+    first = params[0]
+    if all(p == first for p in params) and not (0 < first.top_k < vocab) and first.top_p == 1.0 \
+            and all(g is None for g in generators):
+        # One temperature for all, no filters, no seeds (a benchmark's batch): no per-row tensors to
+        # build and copy to the device, and no greedy pass, since no row is greedy.
+        noise = torch.empty_like(logits).exponential_()
+        return ((logits / first.temperature).softmax(dim=-1) / noise).argmax(dim=-1)
+    greedy = logits.argmax(dim=-1)
     temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)
     logits = logits / temperature[:, None]
-    vocab = logits.shape[-1]
     top_k = [p.top_k if 0 < p.top_k < vocab else vocab for p in params]
     top_p = [p.top_p for p in params]
     if min(top_k) < vocab or min(top_p) < 1.0:
