@@ -95,6 +95,9 @@ STEPS: tuple[Step, ...] = (
     Step("cuda-graphs-bench", "labs.cuda_graphs",
          ("--out", "{out}"),
          what="a decode step and a prefill eager vs CUDA graph; a fused add + RMSNorm"),
+    Step("long-context-decode", "labs.long_context.decode_bench",
+         ("--out", "{out}"),
+         what="paged decode attention time against context, 4K to 128K, bf16 and fp8 KV"),
 )
 # --8<-- [end:steps]
 STEP_NAMES = tuple(step.name for step in STEPS)
