@@ -120,6 +120,7 @@ def _yarn_keep(rope: Rope, base: list[float]) -> list[float]:
     return [1.0 - _ramp(i, lo, hi) for i in range(rope.pairs)]
 
 
+# --8<-- [start:inv_freq]
 def inv_freq(rope: Rope) -> list[float]:
     """f'_i of the rule, fastest pair first."""
     base = base_inv_freq(rope.head_dim, rope.theta)
@@ -145,6 +146,7 @@ def inv_freq(rope: Rope) -> list[float]:
             smooth = (L / lam - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
             out.append((1 - smooth) * f / s + smooth * f)
     return out
+# --8<-- [end:inv_freq]
 
 
 def stretch(rope: Rope) -> list[float]:
