@@ -45,7 +45,7 @@ def stretch_plot(page_url: str, model: str = report.MODEL) -> str:
         caption=(f"Derived (labs/long_context/rope.py) on {m.display_name}'s d = {m.head_dim} and "
                  f"θ = {m.rope_theta:,.0f}: 1 leaves a pair alone, s interpolates it fully. Pairs from "
                  f"{rr['pairs'] - rr['partial_pairs']} on never made a full turn in L = {rr['original_len']:,} tokens."),
-        table=table, log_y=True,
+        table=table,
         marks=[plotting.Mark("x", rr["pairs"] - rr["partial_pairs"], "first pair slower than L")])
 
 
@@ -61,5 +61,5 @@ def decode_plot(page_url: str, gpu: str) -> str:
         x_label="context L (tokens)", y_label="one layer's decode attention (µs)",
         title="Decode attention time against context, paged kernel, Llama-3.1-8B shapes",
         caption=(report.long_context_env(gpu) + " One layer: H_q = 32, H_kv = 8, d = 128. The cost model's "
-                 "line is the KV bytes over the datasheet bandwidth."),
+                 "floor is the KV bytes over the datasheet bandwidth, drawn for the larger batch."),
         table=table, log_x=True, log_y=True)
