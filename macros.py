@@ -438,6 +438,16 @@ def register_plot_macros(env) -> None:
             raise MacroError(str(err)) from None
 
     @env.macro
+    def server_knee_plot(mode: str, gpu: str = "H200") -> str:
+        """The recorded server sweep: throughput and p99 latency against load, with the knee."""
+        from labs.loadgen.report import ReportError
+
+        try:
+            return plots.server_knee_figure(_url(), mode, gpu)
+        except (plots.PlotError, ReportError) as err:
+            raise MacroError(str(err)) from None
+
+    @env.macro
     def rooflines(model: str = "llama-3.1-8b", context: int = 2048, heading: str = "###") -> str:
         """A roofline per GPU of labs/data/gpus.yaml, each under its own heading."""
         return "\n".join(f"{heading} {g.display_name}\n\n" + roofline_svg(name, model, context)

@@ -277,32 +277,17 @@ class ChatDesign:
 # Design 2: a multi-tenant LoRA platform
 # ---------------------------------------------------------------------------
 
-# The projections a LoRA adapter usually targets in a Llama-style layer, with
-# (input, output) widths and whether vLLM runs the layer column- or row-parallel.
-def _lora_modules(m: specs.ModelSpec) -> list[tuple[str, int, int, str]]:
-    if m.moe is not None:
-        raise DesignError(f"{m.name}: the LoRA sizing covers dense models only")
-    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
-    h, f = m.hidden_size, m.intermediate_size
-    return [("q_proj", h, q, "column"), ("k_proj", h, kv, "column"), ("v_proj", h, kv, "column"),
-            ("o_proj", q, h, "row"), ("gate_proj", h, f, "column"), ("up_proj", h, f, "column"),
-            ("down_proj", f, h, "row")]
-
-
 def lora_adapter_bytes(model: str, rank: int, tp: int = 1, dtype_bytes: int = 2) -> int:
-    """Bytes of one adapter on one rank: A (in x r) and B (r x out) for every projection of every layer.
-
-    Sharding follows vLLM 0.33 without --fully-sharded-loras (vllm/lora/layers/base_linear.py):
-    a column-parallel layer keeps A whole and splits B's output; a row-parallel one splits A's
-    input and keeps B whole.
-    """
+    """Bytes of one adapter on all seven projections on one rank (the cost model's roofline.lora_adapter_bytes)."""
     _positive("rank", rank)
     _positive("tp", tp)
-    m = specs.get_model(model)
-    per_layer = 0
-    for _, n_in, n_out, kind in _lora_modules(m):
-        per_layer += rank * (n_in + n_out // tp) if kind == "column" else rank * (n_in // tp + n_out)
-    return per_layer * m.n_layers * dtype_bytes
+    dtype = {2: "bfloat16", 4: "float32"}.get(dtype_bytes)
+    if dtype is None:
+        raise DesignError(f"dtype_bytes must be 2 or 4, got {dtype_bytes}")
+    try:
+        return roofline.lora_adapter_bytes(model, rank, roofline.LORA_TARGETS, dtype, tp)
+    except roofline.CostModelError as err:
+        raise DesignError(str(err)) from None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,9 @@ tensor-parallel degree. For it:
     smallest_tp(model, gpu, L)   fewest GPUs whose pool holds one request -> Deployment
     offline_throughput_bound(dep, trace, concurrency)                   -> ThroughputBound
     bandwidth(gpu, source)       datasheet or measured bandwidth        -> Bandwidth
+    lora_adapter_bytes(model, rank, targets, dtype, tp)  one LoRA adapter's A and B matrices
+    lora_adapter(dep, rank, targets)  an adapter beside the deployment's weights -> LoraAdapter
+    lora_op(gpu, tokens, n_in, n_out, rank, adapters)  a segmented shrink + expand -> OpCost
 
 What counts
 -----------
@@ -255,6 +258,14 @@ class Deployment:
         """
         return decode(self, batch, context).floor_s / decode(self, base, context).floor_s
 
+    def kv_read_limit(self, context: int) -> float:
+        """Decode tokens/s as the batch grows without bound at `context`: bandwidth over one sequence's cache.
+
+        The weight read is shared by the whole batch and amortises away; each new token still
+        reads its own sequence's KV, so throughput flattens towards this.
+        """
+        return self.memory_bandwidth.bytes_per_s / self.kv_bytes(context)
+
     def weight_bytes(self) -> int:
         return weight_bytes(self)
 
@@ -288,6 +299,10 @@ class Deployment:
 
     def throughput_bound(self, trace: Iterable, concurrency: int) -> "ThroughputBound":
         return offline_throughput_bound(self, trace, concurrency)
+
+    def lora_adapter(self, rank: int, targets: Iterable[str] | None = None) -> "LoraAdapter":
+        """One LoRA adapter of `rank` beside these weights (all seven projections unless `targets`)."""
+        return lora_adapter(self, rank, LORA_TARGETS if targets is None else targets)
 
 
 def deployment(model: str | ModelSpec, gpu: str | GPUSpec, **fields) -> Deployment:
@@ -617,6 +632,20 @@ class ChunkedPrefill:
     def total_s(self) -> float:
         """Sum of the steps' floors: the prompt's time to first token, queueing aside."""
         return sum(s.floor_s for s in self.steps)
+
+    def tpot_rise(self, every: int) -> float:
+        """How much each running decode's mean TPOT grows when this prefill arrives once per `every` steps.
+
+        The time the prefill's steps add over decode-only steps, spread over `every` tokens: a
+        mean that hides a worst gap of `stall_ratio` normal ones.
+        """
+        if every < self.count:
+            raise CostModelError(f"the prefill takes {self.count} steps; it cannot arrive once per {every}")
+        return sum(s.floor_s - self.decode_only_s for s in self.steps) / every
+
+    def tpot_rise_fraction(self, every: int) -> float:
+        """`tpot_rise(every)` over a decode-only step."""
+        return self.tpot_rise(every) / self.decode_only_s if self.decode_only_s else float("inf")
 
 
 def chunked_prefill(dep: Deployment, prompt: int, budget: int | None, decodes: int = 0,
@@ -1056,3 +1085,111 @@ def attention_forward(gpu: str | GPUSpec, batch: int, heads: int, kv_heads: int,
         nbytes = q_o + 2.0 * batch * kv_heads * keys * head_dim * b
     flops_per_s, bytes_per_s = _rates(gpu, "bf16", tflops, tb_s)
     return OpCost(flops, nbytes, flops_per_s, bytes_per_s)
+
+
+# ---------------------------------------------------------------------------
+# LoRA adapters: bytes of one adapter, and the floor of applying many in one step
+# ---------------------------------------------------------------------------
+
+# The projections of a Llama-style layer an adapter can target, and how vLLM 0.33 runs each
+# layer under TP: column-parallel layers split their output, row-parallel ones their input.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def lora_projections(model: str | ModelSpec) -> dict[str, tuple[int, int, str]]:
+    """{projection: (input width, output width, "column" or "row")} of one layer of a dense model."""
+    m = get_model(model) if isinstance(model, str) else model
+    if m.moe is not None or m.mla is not None:
+        raise CostModelError(f"{m.name}: LoRA sizing covers dense models with plain attention only")
+    q, kv = m.n_heads * m.head_dim, m.n_kv_heads * m.head_dim
+    h, f = m.hidden_size, m.intermediate_size
+    return {"q_proj": (h, q, "column"), "k_proj": (h, kv, "column"), "v_proj": (h, kv, "column"),
+            "o_proj": (q, h, "row"), "gate_proj": (h, f, "column"), "up_proj": (h, f, "column"),
+            "down_proj": (f, h, "row")}
+
+
+# --8<-- [start:lora_bytes]
+def lora_adapter_bytes(model: str | ModelSpec, rank: int, targets: Iterable[str] = LORA_TARGETS,
+                       dtype: str = "bfloat16", tp: int = 1) -> int:
+    """Bytes of one adapter on one rank: A (r x in) and B (out x r) per targeted projection per layer.
+
+    An adapter replaces no weight: it adds r x (in + out) parameters beside an in x out
+    matrix, which is why it is a fraction of a percent of the base at ranks 8 to 64.
+    Sharding follows vLLM 0.33 without --fully-sharded-loras (vllm/lora/layers/base_linear.py):
+    a column-parallel layer keeps A whole and splits B's rows; a row-parallel one splits A's
+    input and keeps B whole.
+    """
+    m = get_model(model) if isinstance(model, str) else model
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
+        raise CostModelError(f"LoRA rank must be a positive integer, got {rank!r}")
+    if dtype not in LORA_DTYPES:
+        raise CostModelError(f"LoRA dtype must be one of {', '.join(LORA_DTYPES)}, got {dtype!r}")
+    formula.check_tensor_parallel(m, tp)
+    shapes, targets = lora_projections(m), tuple(targets)
+    unknown = [t for t in targets if t not in shapes]
+    if unknown or not targets:
+        raise CostModelError(f"LoRA targets must be some of {', '.join(LORA_TARGETS)}, got {list(targets)}")
+    per_layer = 0
+    for name in dict.fromkeys(targets):
+        n_in, n_out, kind = shapes[name]
+        per_layer += rank * (n_in + n_out // tp) if kind == "column" else rank * (n_in // tp + n_out)
+    return per_layer * m.n_layers * LORA_DTYPES[dtype]
+# --8<-- [end:lora_bytes]
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """One adapter beside the base weights of a deployment, per rank."""
+
+    rank: int
+    targets: tuple[str, ...]
+    bytes: int
+    base_bytes: int  # the deployment's weight bytes on one rank
+
+    @property
+    def fraction(self) -> float:
+        """Adapter bytes over base weight bytes."""
+        return self.bytes / self.base_bytes
+
+    @property
+    def per_base(self) -> int:
+        """Whole adapters that fit in the bytes of the base weights (rounded down)."""
+        return self.base_bytes // self.bytes
+
+    def fit_gib(self, gib: float) -> int:
+        """Whole adapters that fit in `gib` GiB (rounded down): a host cache or a slot budget."""
+        return int(gib * 2**30 // self.bytes)
+
+    def slots_bytes(self, slots: int) -> int:
+        """Bytes of `slots` GPU slots of this rank (vLLM allocates max_loras slots at max_lora_rank)."""
+        return slots * self.bytes
+
+
+def lora_adapter(dep: Deployment, rank: int, targets: Iterable[str] = LORA_TARGETS) -> LoraAdapter:
+    """An adapter in the deployment's serving dtype (vLLM's lora_dtype "auto" is the model dtype)."""
+    targets = tuple(targets)
+    nbytes = lora_adapter_bytes(dep.model, rank, targets, dep.model.serving_dtype, dep.tp)
+    return LoraAdapter(rank, targets, nbytes, weight_bytes(dep))
+
+
+# --8<-- [start:lora_op]
+def lora_op(gpu: str | GPUSpec, tokens: int, n_in: int, n_out: int, rank: int, adapters: int,
+            tflops: float | None = None, tb_s: float | None = None) -> OpCost:
+    """The LoRA term of one projection for a batch of `tokens` rows using `adapters` distinct adapters.
+
+    FLOPs: 2 r (in + out) per row (shrink x A^T to r columns, expand by B^T). Bytes, bf16:
+    each distinct adapter's A and B read once, X read once, Y read and written once (the
+    delta is added to the base output). The r-wide intermediate is left out: a fused
+    kernel keeps it on chip, and at r <= 64 it is under r / out of Y's bytes.
+    """
+    if min(tokens, n_in, n_out, rank, adapters) < 1:
+        raise CostModelError(f"LoRA op sizes must be positive, got tokens={tokens}, in={n_in}, out={n_out}, "
+                             f"rank={rank}, adapters={adapters}")
+    if adapters > tokens:
+        raise CostModelError(f"{adapters} distinct adapters need at least as many rows, got {tokens}")
+    b = 2
+    flops_per_s, bytes_per_s = _rates(gpu, "bf16", tflops, tb_s)
+    nbytes = b * (adapters * rank * (n_in + n_out) + tokens * n_in + 2 * tokens * n_out)
+    return OpCost(2.0 * tokens * rank * (n_in + n_out), float(nbytes), flops_per_s, bytes_per_s)
+# --8<-- [end:lora_op]

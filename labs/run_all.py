@@ -98,6 +98,9 @@ STEPS: tuple[Step, ...] = (
     Step("long-context-decode", "labs.long_context.decode_bench",
          ("--out", "{out}"),
          what="paged decode attention time against context, 4K to 128K, bf16 and fp8 KV"),
+    Step("lora-bench", "labs.lora.bench",
+         ("--out", "{out}"),
+         what="many LoRA adapters in one batch: per-adapter loop vs segmented shrink/expand Triton kernels"),
 )
 # --8<-- [end:steps]
 STEP_NAMES = tuple(step.name for step in STEPS)

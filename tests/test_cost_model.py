@@ -297,3 +297,22 @@ def test_kv_transfer_over_nvlink_takes_one_direction_of_the_datasheet_figure():
     assert t.seconds == pytest.approx(2**31 / (dep.gpu.nvlink_gbps / 2 * 1e9))
     with pytest.raises(r.SpecError, match="no NVLink"):
         r.deployment("llama-3.1-8b", "l40s").kv_transfer(1024, nvlink=True)
+
+
+def test_tpot_rise_spreads_the_prefill_steps_extra_time_over_the_decode_tokens(l8):
+    alone = r.decode(l8, 64, 1024).floor_s
+    one = r.chunked_prefill(l8, 8192, None, 64, 1024)  # one step carries the whole prompt
+    assert one.count == 1
+    assert one.tpot_rise(200) == pytest.approx((one.worst_s - alone) / 200)
+    assert one.tpot_rise_fraction(200) == pytest.approx(one.tpot_rise(200) / alone)
+    chunked = r.chunked_prefill(l8, 8192, 2048, 64, 1024)  # four steps, each longer than a decode
+    assert chunked.tpot_rise(200) == pytest.approx(sum(s.floor_s - alone for s in chunked.steps) / 200)
+    with pytest.raises(r.CostModelError, match="cannot arrive once per 2"):
+        chunked.tpot_rise(2)
+
+
+def test_kv_read_limit_is_what_decode_tokens_per_s_tends_to(l8):
+    limit = r.deployment("llama-3.1-8b", "h200").kv_read_limit(2048)
+    assert limit == pytest.approx(4.8e12 / (2048 * 131072))
+    assert r.decode(l8, 1 << 16, 2048).tokens_per_s == pytest.approx(limit, rel=0.01)
+    assert r.decode(l8, 256, 2048).tokens_per_s < limit

@@ -80,3 +80,41 @@ def test_report_renders_recorded_rows_and_refuses_unknown_sections():
         report.engine_table("nope", "H200")
     with pytest.raises(report.ResultsError, match="no field"):
         report.engine_value("decode/L128/B1/graphs", "nope", "H200")
+
+
+def _decode_row(batch, context, step_ms, floor_ms, graphs=True):
+    return {"name": f"decode/L{context}/B{batch}/{'graphs' if graphs else 'eager'}", "section": "decode", "ok": True,
+            "context": context, "batch": batch, "cuda_graphs": graphs, "step_ms": step_ms, "floor_ms": floor_ms,
+            "tok_s": batch / step_ms * 1e3}
+
+
+def test_report_decode_rows_by_shape_beside_the_datasheet_floor(tmp_path, monkeypatch):
+    """engine_decode finds a row by (context, batch), prices the same step at the datasheet and gives both gaps."""
+    from labs import roofline
+    from labs.recorded import Machine, record_rows
+
+    path = tmp_path / "engine.json"
+    rows = [_decode_row(1, 1024, 5.0, 3.5), _decode_row(64, 1024, 8.0, 5.0), _decode_row(111, 8192, 40.0, 30.0),
+            _decode_row(64, 8192, 25.0, 19.0), _decode_row(1, 1024, 20.0, 3.5, graphs=False),
+            {"name": "offline/C64", "section": "offline", "ok": True, "output_tok_s": 2000.0, "sim_output_tok_s": 5000.0},
+            {"name": "hf/C64/eager", "section": "hf", "ok": True, "output_tok_s": 200.0}]
+    record_rows(path, "engine", Machine("NVIDIA H200"), rows, ["name"],
+                {"date": "2026-12-01", "model": "llama-3.1-8b", "copy_tb_s": 4.2, "gemm_tflops": 690.0})
+    monkeypatch.setattr(report, "RESULTS_PATH", path)
+    d = roofline.deployment("llama-3.1-8b", "h200")
+    e = report.engine_decode(1024, 64, "H200")
+    assert e["step_ms"] == 8.0 and e["over_floor"] == pytest.approx(8.0 / 5.0)
+    assert e["model_floor_ms"] == pytest.approx(d.decode(64, 1024).floor_s * 1e3)
+    assert e["over_model"] == pytest.approx(8.0 / (d.decode(64, 1024).floor_s * 1e3))
+    assert e["attained_flops_per_s"] == pytest.approx(d.decode(64, 1024).flops / 8e-3)
+    assert e["attained_fraction"] == pytest.approx(e["attained_flops_per_s"] / d.flops_per_s)
+    assert e["step_growth"] == pytest.approx(8.0 / 5.0) and e["throughput_gain"] == pytest.approx(64 * 5.0 / 8.0)
+    assert e["model_throughput_gain"] == pytest.approx(d.throughput_gain(64, 1024))
+    assert report.engine_decode(1024, 1, "H200", graphs=False)["step_ms"] == 20.0
+    top = report.engine_decode(8192, "largest", "H200")
+    assert top["batch"] == 111 and "step_growth" not in top  # no B = 1 row at that context
+    with pytest.raises(report.ResultsError, match=r"batches recorded at that context: \[64, 111\]"):
+        report.engine_decode(8192, 16, "H200")
+    assert report.engine_sim_error("offline/C64", "output_tok_s", "H200") == "+150%"
+    assert report.engine_over("offline/C64", "hf/C64/eager", "output_tok_s", "H200") == "10.0x"
+    assert report.engine_has("hf/C64/eager", "H200") and not report.engine_has("hf/C1/eager", "H200")

@@ -428,3 +428,17 @@ def test_predicted_pool_matches_gpu():
     report = check.run_checks()
     bad = [(c["label"], r) for c in report["configs"] for r in c["rows"] if not r["ok"]]
     assert not bad, bad
+
+
+def test_cli_refuses_a_context_past_the_model_limit_as_vllm_does(tmp_path, capsys):
+    """One line, exit 2, naming the model's limit and vLLM 0.33's override; a config file's own limit counts."""
+    assert _exit_code(["--model", "llama-3.1-8b", "--max-model-len", "200000"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0]
+    assert "--max-model-len: llama-3.1-8b allows at most 131,072 tokens" in err[0]
+    assert "got 200,000" in err[0] and "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in err[0]
+    assert _exit_code(["--model", "llama-3.1-8b", "--max-model-len", "131072"]) == 0
+    capsys.readouterr()
+    cfg = _write(tmp_path, {**LLAMA_CONFIG, "max_position_embeddings": 4096})
+    assert _exit_code(["--config", str(cfg), "--max-model-len", "4097"]) == 2
+    assert "allows at most 4,096 tokens" in capsys.readouterr().err

@@ -111,6 +111,29 @@ def test_lines_helper_draws_a_labelled_curve_with_marks(plot_cache):
     assert "<figcaption>c</figcaption>" in html
 
 
+def test_log_axes_label_ticks_as_plain_numbers_and_pair_a_floor_with_its_curve(plot_cache):
+    plotting.lines("log-ticks", "labs/x/", {"L = 128 measured": ([1, 16, 1000], [5.0, 6.0, 40.0]),
+                                            "L = 128 floor": ([1, 16, 1000], [3.5, 3.6, 20.0])},
+                   x_label="batch", y_label="ms", title="t", caption="c", log_x=True, log_y=True)
+    svg = _svgs("log-ticks")["light"]
+    texts = _texts(svg)
+    assert {"1", "10", "100", "1k"} <= set(texts), texts  # not 10^0 … 10^3
+    assert not any("10^" in t or "\\times" in t for t in texts)
+    assert "5" in texts and "20" in texts  # minor ticks at 2 and 5 × 10^n carry labels on a short axis
+    assert "3" not in texts and "7" not in texts  # and only those
+
+
+def test_server_knee_figure_marks_the_recorded_knee(plot_cache):
+    from labs.loadgen import report
+
+    knee = report.sweep_knee("concurrency")
+    html = plots.server_knee_figure("labs/server/", "concurrency", "H200")
+    texts = _texts(_svgs("server-knee-concurrency")["light"])
+    assert f"knee {knee['load']:g}" in texts
+    assert {"output tok/s", "TTFT p50 (ms)", "TPOT p50 (ms)"} <= set(texts)
+    assert report.sweep_run()["date"] in html
+
+
 def test_kv_budget_figure_has_a_bar_per_model_at_a_tp_that_fits(plot_cache):
     models = list(specs.all_models())
     data = plots.kv_budget_data(roofline, models, "h200", 8192)

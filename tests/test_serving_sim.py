@@ -344,3 +344,23 @@ def test_scenarios_label_their_numbers_as_derived():
     s = scenarios.setup("llama-3.1-8b", "h200")
     _, text = scenarios.sampling(s)
     assert scenarios.LABEL in text and "measured" not in text.replace("not measured", "")
+
+
+def test_chunked_prefill_runs_only_configs_vllm_accepts():
+    """A budget below the default max_num_seqs lowers it (vLLM's EngineArgs); below an explicit one is refused."""
+    data, text = scenarios.chunked_prefill(scenarios.setup("llama-3.1-8b", "h200"), budgets=(512, 2048))
+    assert data["rows"]["on, 512"]["max_num_seqs"] == 512
+    assert data["rows"]["on, 2,048"]["max_num_seqs"] == data["rows"]["off"]["max_num_seqs"] == 1024
+    assert "| max_num_seqs |" in text
+    explicit = scenarios.setup("llama-3.1-8b", "h200", max_num_seqs=1024)
+    with pytest.raises(SpecError, match="--budgets: 512 is below --max-num-seqs 1,024"):
+        scenarios.chunked_prefill(explicit, budgets=(512,))
+    assert scenarios.setup("llama-3.1-8b", "h200", max_num_batched_tokens=512).max_num_seqs == 512
+    tight = scenarios.setup("llama-3.1-8b", "h200", max_num_batched_tokens=4096, max_model_len=20000)
+    with pytest.raises(SpecError, match="below max_model_len 20,000 with chunked prefill off"):
+        scenarios.chunked_prefill(tight, budgets=(2048,))
+
+
+def test_cli_refuses_a_budget_below_an_explicit_max_num_seqs():
+    proc = _cli("chunked-prefill", "--max-num-seqs", "1024", "--budgets", "512")
+    assert proc.returncode == 2 and "argument --budgets" in proc.stderr and "Traceback" not in proc.stderr

@@ -384,3 +384,36 @@ def engine_decode_figure(page_url: str, gpu: str) -> str:
     return plotting.lines(f"engine-decode-{slug}", page_url, series, x_label="batch B (sequences)",
                           y_label="decode step (ms)", title=f"Decode step time against batch on {m.label}",
                           caption=caption, log_x=True, log_y=True)
+
+
+# ---------------------------------------------------------------------------
+# Server sweep (labs/results/server_sweep.json)
+# ---------------------------------------------------------------------------
+
+
+def server_knee_figure(page_url: str, mode: str, gpu: str) -> str:
+    """Output throughput and median TTFT and TPOT against load, the knee marked: where the table's two columns part ways.
+
+    Throughput and latency share one log-scaled y axis (tokens/s and ms are both
+    in the hundreds to thousands here), so the reader sees one curve flatten
+    while the other turns up at the same load.
+    """
+    from labs.loadgen import report
+
+    rows = report._rows(mode, gpu)
+    knee = report.sweep_knee(mode, gpu)
+    loads = [r["load"] for r in rows]
+    series = {"output tok/s": (loads, [r["output_throughput"] for r in rows]),
+              "TTFT p50 (ms)": (loads, [r["p50_ttft_ms"] for r in rows]),
+              "TPOT p50 (ms)": (loads, [r["p50_tpot_ms"] for r in rows])}
+    marks = [plotting.Mark("x", knee["load"], f"knee {knee['load']:g}")] if knee else []
+    x_label = "clients in flight" if mode == "concurrency" else "offered requests/s"
+    loop = "Closed loop" if mode == "concurrency" else "Open loop"
+    run, label = report.sweep_run(gpu), report._machine(gpu).label
+    caption = (f"{loop}, measured on <strong>{_esc(label)}</strong>, {_esc(run['date'])}: labs.server with the "
+               f"engine at {_esc(run['model'])} shapes, {run['input_len']}-token prompts, {run['output_len']} output "
+               "tokens. The knee (dashed) is labs/loadgen/stats.py's rule; the table below holds every point, p99 included (the one-client p99 is a cold start).")
+    slug = "".join(c if c.isalnum() else "-" for c in gpu.lower())
+    return plotting.lines(f"server-knee-{mode}-{slug}", page_url, series, x_label=x_label,
+                          y_label="tok/s, or ms", title=f"{loop}: throughput flattens, latency turns up",
+                          caption=caption, log_x=True, log_y=True, marks=marks)

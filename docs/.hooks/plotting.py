@@ -55,9 +55,9 @@ class Theme:
 
 THEMES = (
     Theme("light", text="#1f2328", muted="#57606a", grid="#d0d7de", frame="#8c959f",
-          series=("#3f51b5", "#c2185b", "#00796b", "#e65100", "#6d4c41", "#5e35b1")),
+          series=("#3f51b5", "#c2185b", "#00796b", "#e65100", "#6d4c41", "#5e35b1", "#0277bd", "#827717")),
     Theme("dark", text="#e6edf3", muted="#9da7b3", grid="#3d444d", frame="#6e7681",
-          series=("#8c9eff", "#f48fb1", "#4db6ac", "#ffb74d", "#bcaaa4", "#b39ddb")),
+          series=("#8c9eff", "#f48fb1", "#4db6ac", "#ffb74d", "#bcaaa4", "#b39ddb", "#4fc3f7", "#dce775")),
 )
 
 FONT_SIZE = 10.5  # points; tick labels use it too
@@ -261,9 +261,30 @@ class LinesData:
                 "log_y": self.log_y, "marks": [(m.axis, m.value, m.label) for m in self.marks]}
 
 
+def _plain(v: float) -> str:
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if v >= scale:
+            return f"{v / scale:g}{suffix}"
+    return f"{v:g}"
+
+
+def _mantissa(v: float) -> int:
+    """The leading digit of a tick value: 2 for 0.2, 20 and 2,000."""
+    return round(v / 10 ** math.floor(math.log10(v))) if v > 0 else 0
+
+
 def draw_lines(ax, theme: Theme, data: dict) -> None:
+    colours = {}
     for label, (xs, ys) in data["series"].items():
-        ax.plot(xs, ys, marker="o", markersize=4, linewidth=2, label=label)
+        # "X floor" pairs with "X measured": same colour, dashed, so the gap reads as one curve against its floor.
+        stem, _, kind = label.rpartition(" ")
+        if kind == "floor" and stem in colours:
+            ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.5, linestyle="--", color=colours[stem],
+                    label=label)
+            continue
+        (line,) = ax.plot(xs, ys, marker="o", markersize=4, linewidth=2, label=label)
+        if kind == "measured":
+            colours[stem] = line.get_color()
     for axis, value, label in data["marks"]:
         line = ax.axvline if axis == "x" else ax.axhline
         line(value, color=theme.muted, linestyle="--", linewidth=1)
@@ -273,10 +294,22 @@ def draw_lines(ax, theme: Theme, data: dict) -> None:
         else:
             ax.annotate(label, (0, value), xycoords=("axes fraction", "data"), xytext=(4, 4),
                         textcoords="offset points", color=theme.muted)
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    # Log axes print plain numbers (64, 1k), not 10^n: readers compare them with the tables.
+    plain = FuncFormatter(lambda v, _pos: _plain(v))
+    # Minor ticks carry a label only at 2 and 5 times a power of ten: enough to read a value, never crowded.
+    sparse = FuncFormatter(lambda v, _pos: _plain(v) if _mantissa(v) in (2, 5) else "")
     if data["log_x"]:
         ax.set_xscale("log")
     if data["log_y"]:
         ax.set_yscale("log")
+    for on, axis, limits in ((data["log_x"], ax.xaxis, ax.get_xlim), (data["log_y"], ax.yaxis, ax.get_ylim)):
+        if on:
+            lo, hi = limits()
+            axis.set_major_formatter(plain)
+            # Past three decades the powers of ten alone are enough, and minor labels would collide.
+            axis.set_minor_formatter(sparse if hi / lo <= 1000 else NullFormatter())
     ax.set_xlabel(data["x_label"])
     ax.set_ylabel(data["y_label"])
     ax.grid(True, linewidth=0.6)

@@ -16,17 +16,12 @@ from labs.gpu_harness.results import RESULTS_DIR
 LAB = "cuda_graphs"
 RESULTS_PATH = RESULTS_DIR / f"{LAB}.json"
 
-
-class _Lab:
-    EXPERIMENTS, config_name, printed = lab.EXPERIMENTS, staticmethod(lab.config_name), staticmethod(lab.printed)
-
-    @staticmethod
-    def run(torch, time, copy, reps, experiments):
-        return lab.run(torch, reps, experiments)
+_measure = lab_main.variants(lambda gpu, experiments: lab.run(gpu.torch, gpu.reps, experiments))
 
 
 def main(argv: list[str] | None = None) -> int:
-    return lab_main.main(argv, prog="python -m labs.cuda_graphs", lab=LAB, lab_module=_Lab, results_path=RESULTS_PATH,
+    return lab_main.main(argv, prog="python -m labs.cuda_graphs", lab=LAB, lab_module=lab, results_path=RESULTS_PATH,
+                         reps=10, measure=_measure,
                          description="Time a decode step and a prefill of a few transformer layers eager and as a "
                          "CUDA graph (launches, kernels, GPU-busy fraction), and a fused residual add + RMSNorm "
                          "against the unfused torch ops.")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 from labs.cuda_memory import lab
-from labs.gpu_harness import bench
+from labs.gpu_harness import lab_main
 from labs.gpu_harness.results import RESULTS_DIR
 
 LAB = "cuda_memory"
@@ -22,34 +22,16 @@ RESULTS_PATH = RESULTS_DIR / f"{LAB}.json"
 RECORD_COMMAND = "python -m labs.cuda_memory --out out/mem --record"
 
 
+def _measure(gpu: lab_main.Gpu, experiments: tuple) -> tuple[dict, dict]:
+    module = lab_main.build_kernels(lab.SOURCE, "labs_cuda_memory")
+    return lab.run(gpu.torch, module, gpu.time, gpu.env["sm_count"], gpu.copy_gb_s, experiments), {}
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = bench.parser("python -m labs.cuda_memory",
-                     "Time coalesced, strided and scattered reads against the copy bandwidth, a transpose "
-                     "naive and tiled through shared memory, and shared-memory bank conflicts.", lab.EXPERIMENTS, RESULTS_PATH)
-    args = p.parse_args(argv)
-    experiments = bench.validate(p, args) or lab.EXPERIMENTS
-    import torch
-
-    from labs.gpu_harness.cuda_build import build
-    from labs.gpu_harness.environment import NoGpuError, environment
-    from labs.gpu_harness.timing import copy_bandwidth_gb_s, event_timer
-
-    try:
-        env = environment(torch)
-    except NoGpuError as e:
-        return bench.fail(str(e))
-    print("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
-    try:
-        module = build(lab.SOURCE, "labs_cuda_memory")
-    except (RuntimeError, OSError) as e:  # nvcc missing or a compile error: its log went to stderr above
-        return bench.fail(f"building {lab.SOURCE.path.name} with load_inline failed: {str(e).splitlines()[0]}")
-    time = event_timer(torch, reps=args.reps)
-    copy = copy_bandwidth_gb_s(torch, time)
-    print(f"copy bandwidth: {copy:,.0f} GB/s (device-to-device copy_, bytes read + written)")
-    sections = lab.run(torch, module, time, env["sm_count"], copy, experiments)
-    run = {"copy_gb_s": round(copy, 1), "reps": args.reps}
-    bench.finish(LAB, env, run, sections, lab, args.out, args.record, RESULTS_PATH)
-    return 0
+    return lab_main.main(argv, prog="python -m labs.cuda_memory", lab=LAB, lab_module=lab,
+                         results_path=RESULTS_PATH, measure=_measure,
+                         description="Time coalesced, strided and scattered reads against the copy bandwidth, a "
+                         "transpose naive and tiled through shared memory, and shared-memory bank conflicts.")
 
 
 if __name__ == "__main__":

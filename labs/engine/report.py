@@ -11,6 +11,15 @@ retype a measured number:
 * `engine_value(name, field, gpu)`: one recorded number, for prose;
 * `engine_ratio(name, field, over, gpu)`: measured / model for one row, as "1.7x"; `over` is
   another field of the same row (a floor or a simulator prediction);
+* `engine_decode(context, batch, gpu)`: one decode row by its shape, with the cost model's floor
+  at the datasheet rates (the one lessons derive) beside it, both gaps, and the growth over B = 1;
+  `batch="largest"` picks the largest batch measured at that context (the ladder's top depends
+  on the pool of the run that recorded it);
+* `engine_sim_error(name, field, gpu)`: how far the simulator's prediction of `field` (its
+  `sim_<field>`) was from the measurement, as "+170%" or "-12%";
+* `engine_over(name, other, field, gpu)`: one row's field over another's, as "10.2x" (the engine
+  against Hugging Face on the same trace);
+* `engine_has(name, gpu)`: whether a row is recorded, for a page's `{% if %}`;
 * `engine_measured(gpu)`: "NVIDIA H200, 2026-12-01", for a lesson's prose;
 * `engine_recorded(gpu)`: for a page's `{% if %}`.
 
@@ -154,4 +163,71 @@ def engine_ratio(name: str, field: str, over: str, gpu: str) -> str:
     return f"{engine_value(name, field, gpu) / engine_value(name, over, gpu):.2f}x"
 
 
-MACROS = [engine_recorded, engine_measured, engine_env, engine_table, engine_value, engine_ratio]
+def _spec_gpu(cuda_name: str):
+    from labs import specs
+
+    found = [key for key, g in specs.all_gpus().items() if g.cuda_name == cuda_name]
+    if len(found) != 1:
+        raise ResultsError(f"engine results: no GPU in labs/data/gpus.yaml has cuda_name {cuda_name!r}")
+    return found[0]
+
+
+def engine_decode(context: int, batch: int | str, gpu: str, graphs: bool = True) -> dict:
+    """The decode row at (context, batch), plus the datasheet floor a lesson's table shows and the two gaps.
+
+    Keys: the row's fields (step_ms, floor_ms at the run's measured rates, tok_s, ...);
+    `model_floor_ms` / `model_tok_s` (labs/roofline.py at the datasheet bandwidth and FLOP/s,
+    bf16); `over_floor` (step / floor at measured rates) and `over_model` (step / datasheet
+    floor); `attained_flops_per_s` and `attained_fraction` (the cost model's FLOPs over the measured
+    step, and that over the datasheet peak); and, where B = 1 was measured at that context, `step_growth` and `throughput_gain`
+    against it beside the cost model's `model_step_growth` and `model_throughput_gain`.
+    """
+    from labs import roofline
+
+    m = _machine(gpu)
+    rows = [r for r in m.rows if r.get("section") == "decode" and r.get("context") == context
+            and r.get("cuda_graphs") is graphs]
+    if batch == "largest":
+        rows = sorted(rows, key=lambda r: r["batch"])[-1:]
+    else:
+        rows = [r for r in rows if r.get("batch") == batch]
+    if len(rows) != 1:
+        have = sorted(r["batch"] for r in m.rows if r.get("section") == "decode" and r.get("context") == context)
+        raise ResultsError(f"engine_decode: no decode row at context {context}, batch {batch}, "
+                           f"cuda_graphs {graphs} for {gpu}; batches recorded at that context: {have}")
+    row = rows[0]
+    run = row["run"]
+    dep = roofline.deployment(run["model"], _spec_gpu(m.machine.gpu))
+    step = dep.decode(row["batch"], context)
+    one = [r for r in m.rows if r.get("section") == "decode" and r.get("context") == context
+           and r.get("cuda_graphs") is graphs and r.get("batch") == 1]
+    out = {**row, "model_floor_ms": step.floor_s * 1e3, "model_tok_s": step.tokens_per_s,
+           "over_floor": row["step_ms"] / row["floor_ms"], "over_model": row["step_ms"] / (step.floor_s * 1e3),
+           # the step's FLOPs (as the cost model counts them) over the measured time, and that over the peak
+           "attained_flops_per_s": step.flops / (row["step_ms"] / 1e3),
+           "attained_fraction": step.flops / (row["step_ms"] / 1e3) / step.flops_per_s}
+    if one:  # against B = 1 at the same context: what the cost model's step_growth / throughput_gain predict
+        out.update(step_growth=row["step_ms"] / one[0]["step_ms"], throughput_gain=row["tok_s"] / one[0]["tok_s"],
+                   model_step_growth=dep.step_growth(row["batch"], context),
+                   model_throughput_gain=dep.throughput_gain(row["batch"], context))
+    return out
+
+
+def engine_over(name: str, other: str, field: str, gpu: str) -> str:
+    """row `name`'s field over row `other`'s, as "10.2x": the engine against another system on the same trace."""
+    return f"{engine_value(name, field, gpu) / engine_value(other, field, gpu):.1f}x"
+
+
+def engine_has(name: str, gpu: str) -> bool:
+    """Whether row `name` is recorded for `gpu`: for a page's `{% if %}` around a section that may not have run."""
+    return engine_recorded(gpu) and _machine(gpu).has(name=name)
+
+
+def engine_sim_error(name: str, field: str, gpu: str) -> str:
+    """(simulated - measured) / measured for one field of row `name`, as "+170%"."""
+    measured, simulated = engine_value(name, field, gpu), engine_value(name, f"sim_{field}", gpu)
+    return f"{simulated / measured - 1:+.0%}"
+
+
+MACROS = [engine_recorded, engine_measured, engine_env, engine_table, engine_value, engine_ratio, engine_decode,
+          engine_sim_error, engine_over, engine_has]

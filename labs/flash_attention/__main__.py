@@ -16,18 +16,12 @@ from labs.gpu_harness.results import RESULTS_DIR
 LAB = "flash_attention"
 RESULTS_PATH = RESULTS_DIR / f"{LAB}.json"
 
-
-class _Lab:
-    EXPERIMENTS, config_name, printed = lab.EXPERIMENTS, staticmethod(lab.config_name), staticmethod(lab.printed)
-
-    @staticmethod
-    def run(torch, time, copy, reps, experiments):
-        return lab.run(torch, time, reps, experiments)
+_measure = lab_main.variants(lambda gpu, experiments: lab.run(gpu.torch, gpu.time, gpu.reps, experiments))
 
 
 def main(argv: list[str] | None = None) -> int:
-    return lab_main.main(argv, prog="python -m labs.flash_attention", lab=LAB, lab_module=_Lab,
-                         results_path=RESULTS_PATH,
+    return lab_main.main(argv, prog="python -m labs.flash_attention", lab=LAB, lab_module=lab, results_path=RESULTS_PATH,
+                         reps=10, measure=_measure,
                          description="Check naive attention and our Triton FlashAttention kernel against torch "
                          "SDPA, then time all three over sequence lengths (prefill) and context lengths (decode).")
 

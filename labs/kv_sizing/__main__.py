@@ -121,9 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     except specs.SpecError as exc:
         cli.reject(parser, "--config", str(exc))
     if args.max_model_len is not None and args.max_model_len > model.max_position_embeddings:
-        # vLLM 0.33 refuses this at start-up unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
+        # vllm/config/model.py (_get_and_verify_max_len) raises on a max_model_len above the length it
+        # derives from config.json unless the env var is set, and then only warns.
         cli.reject(parser, "--max-model-len", f"{model.name} allows at most {model.max_position_embeddings:,} tokens "
-                   f"(its max_position_embeddings), got {args.max_model_len:,}")
+                   f"(its max_position_embeddings), got {args.max_model_len:,}; vLLM 0.33 refuses a longer "
+                   "max_model_len unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
     try:
         gpu = specs.get_gpu(args.gpu)
         b = budget(

@@ -16,17 +16,12 @@ from labs.roofline_lab import lab
 LAB = "roofline_lab"
 RESULTS_PATH = RESULTS_DIR / f"{LAB}.json"
 
-
-class _Lab:
-    EXPERIMENTS, config_name, printed = lab.EXPERIMENTS, staticmethod(lab.config_name), staticmethod(lab.printed)
-
-    @staticmethod
-    def run(torch, time, copy, reps, experiments):
-        return lab.run(torch, time, experiments)
+_measure = lab_main.variants(lambda gpu, experiments: lab.run(gpu.torch, gpu.time, experiments))
 
 
 def main(argv: list[str] | None = None) -> int:
-    return lab_main.main(argv, prog="python -m labs.roofline_lab", lab=LAB, lab_module=_Lab, results_path=RESULTS_PATH,
+    return lab_main.main(argv, prog="python -m labs.roofline_lab", lab=LAB, lab_module=lab, results_path=RESULTS_PATH,
+                         reps=10, measure=_measure,
                          description="Measure a Llama-3.1-8B layer's GEMM in bf16 and fp8 for M = 1 to 8,192 "
                          "tokens, find the measured ridge, and measure decode attention's intensity with the "
                          "project's paged kernel.")

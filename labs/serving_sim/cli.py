@@ -199,9 +199,11 @@ def _setup(a: argparse.Namespace) -> scenarios.Setup:
     if a.max_model_len is not None and a.max_model_len > limit:
         # vLLM 0.33 refuses this at start-up unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.
         raise specs.SpecError(f"argument --max-model-len: {a.model} allows at most {limit:,} tokens "
-                              f"(its max_position_embeddings), got {a.max_model_len:,}")
+                              f"(its max_position_embeddings), got {a.max_model_len:,}; vLLM 0.33 refuses a longer "
+                              "max_model_len unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
     s = _sized(a)
-    # vllm/config/scheduler.py refuses a token budget below max_num_seqs; a run with one would crawl.
+    # vllm/config/scheduler.py refuses a token budget below an explicit max_num_seqs (a defaulted one
+    # is lowered to the budget, in setup, as vLLM's EngineArgs does).
     if a.max_num_batched_tokens is not None and a.max_num_batched_tokens < s.max_num_seqs:
         raise specs.SpecError(f"argument --max-num-batched-tokens: must be >= max_num_seqs ({s.max_num_seqs}), "
                               f"as vLLM 0.33 requires; got {a.max_num_batched_tokens}")

@@ -37,11 +37,33 @@ class Setup:
     max_num_batched_tokens: int
     max_model_len: int
     pool_source: str
+    # vLLM's default for the GPU when --max-num-seqs was not given (None when it was): a scenario
+    # that picks its own token budget caps this default at the budget, as EngineArgs does.
+    default_max_num_seqs: int | None = None
+    budget_given: bool = False  # --max-num-batched-tokens was set (vLLM then never raises it)
 
     def engine(self, **changes) -> EngineConfig:
+        """An engine config as vLLM 0.33 would accept it, or a SpecError where vLLM refuses it.
+
+        `_set_default_max_num_seqs_and_batched_tokens_args` (vllm/engine/arg_utils.py) lowers a
+        defaulted max_num_seqs to the token budget; `SchedulerConfig.verify_max_model_len`
+        (vllm/config/scheduler.py) refuses a budget below an explicit max_num_seqs, and, with
+        chunked prefill off, an explicit budget below max_model_len.
+        """
         base = dict(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
                     num_blocks=self.num_blocks, block_size=self.block_size, max_model_len=self.max_model_len)
         base.update(changes)
+        budget = base["max_num_batched_tokens"]
+        if "max_num_batched_tokens" in changes and "max_num_seqs" not in changes and self.default_max_num_seqs:
+            base["max_num_seqs"] = min(self.default_max_num_seqs, budget)
+        if budget < base["max_num_seqs"]:
+            raise SpecError(f"max_num_batched_tokens {budget:,} is below max_num_seqs {base['max_num_seqs']:,}: "
+                            "vLLM 0.33 refuses that config; raise the budget or lower --max-num-seqs")
+        if (not base.get("enable_chunked_prefill", True) and self.budget_given
+                and "max_num_batched_tokens" not in changes and budget < base["max_model_len"]):
+            raise SpecError(f"--max-num-batched-tokens {budget:,} is below max_model_len {base['max_model_len']:,} "
+                            "with chunked prefill off: vLLM 0.33 refuses that config; lower --max-model-len "
+                            "or leave the budget to its default")
         return sim_config(**base)
 
     def header(self) -> str:
@@ -62,8 +84,8 @@ def setup(model: str, gpu: str, *, max_num_seqs: int | None = None, max_num_batc
     cost = Roofline(m, g, kv_cache_dtype, overhead_ms / 1e3)
     max_model_len = max_model_len or m.max_position_embeddings
     d = batch_defaults(g, "serve", max_model_len=max_model_len)
-    seqs = max_num_seqs or d.max_num_seqs
     tokens = max_num_batched_tokens or d.max_num_batched_tokens
+    seqs = max_num_seqs or min(d.max_num_seqs, tokens)  # vLLM caps a defaulted max_num_seqs at the budget
     b = budget(m, g, max_model_len, gpu_memory_utilization=gpu_memory_utilization,
                kv_cache_dtype=kv_cache_dtype, max_num_batched_tokens=tokens, max_num_seqs=seqs)
     if num_gpu_blocks_override is not None:
@@ -74,7 +96,9 @@ def setup(model: str, gpu: str, *, max_num_seqs: int | None = None, max_num_batc
         if b.num_blocks < 1:
             raise SpecError(f"{m.name} leaves no KV pool on {g.name}: {b.error}")
         blocks, source = b.num_blocks, f"sized by the KV-sizing lab at gpu_memory_utilization {gpu_memory_utilization}"
-    return Setup(cost, blocks, b.block_size, seqs, tokens, max_model_len, source)
+    return Setup(cost, blocks, b.block_size, seqs, tokens, max_model_len, source,
+                 default_max_num_seqs=None if max_num_seqs else d.max_num_seqs,
+                 budget_given=max_num_batched_tokens is not None)
 
 
 # ---------------------------------------------------------------------------
@@ -121,6 +145,10 @@ def chunked_prefill(s: Setup, decodes: int = 32, decode_prompt: int = 512, long_
     """ITL of running decodes and TTFT of a long prompt, chunked (per budget) and unchunked."""
     if long_prompt + 1 > s.max_model_len:
         raise SpecError(f"long prompt {long_prompt} does not fit max_model_len {s.max_model_len}")
+    for b in budgets:
+        if s.default_max_num_seqs is None and b < s.max_num_seqs:
+            raise SpecError(f"argument --budgets: {b:,} is below --max-num-seqs {s.max_num_seqs:,}; vLLM 0.33 refuses "
+                            "max_num_batched_tokens below max_num_seqs")
     t_one = s.cost.step_time([Chunk(long_prompt, 0)])
     # Decodes long enough to outlast any of the prefills below.
     out_len = max(64, int(4 * t_one / s.cost.decode_step_time(decodes, decode_prompt)) + 64)
@@ -142,19 +170,20 @@ def chunked_prefill(s: Setup, decodes: int = 32, decode_prompt: int = 512, long_
             raise SpecError("the long prompt did not finish its prefill in the simulated window")
         gaps = metrics.itls(dec, arrival, lr.first_token_time)
         during = sum(1 for r in dec for t in r.token_times if arrival <= t <= lr.first_token_time) / decodes
-        row = {"budget": cfg.token_budget, "chunked": cfg.enable_chunked_prefill,
+        row = {"budget": cfg.token_budget, "chunked": cfg.enable_chunked_prefill, "max_num_seqs": cfg.max_num_seqs,
                "long_ttft_s": lr.first_token_time - arrival, "itl_p50_s": metrics.percentile(gaps, 50),
                "itl_max_s": max(gaps), "decode_tokens_during_prefill": during}
         data[label] = row
-        rows.append([label, f"{cfg.token_budget:,}", ms(row["long_ttft_s"]), ms(row["itl_p50_s"]),
-                     ms(row["itl_max_s"]), fixed(during, 1)])
+        rows.append([label, f"{cfg.token_budget:,}", f"{cfg.max_num_seqs:,}", ms(row["long_ttft_s"]),
+                     ms(row["itl_p50_s"]), ms(row["itl_max_s"]), fixed(during, 1)])
     text = "\n".join([
         s.header(),
         f"{decodes} requests decoding (prompt {decode_prompt}); a {long_prompt:,}-token prompt arrives at "
-        f"t = {arrival} s. ITL counts the decodes' gaps from its arrival to its first token.",
+        f"t = {arrival} s. ITL counts the decodes' gaps from its arrival to its first token. A budget below "
+        "the default max_num_seqs lowers it to the budget, as vLLM 0.33 does when --max-num-seqs is not given.",
         "",
-        table(["chunked prefill", "token budget", "long prompt TTFT ms", "decode ITL p50 ms",
-               "decode ITL max ms", "decode tokens during prefill"], rows, "lrrrrr"),
+        table(["chunked prefill", "token budget", "max_num_seqs", "long prompt TTFT ms", "decode ITL p50 ms",
+               "decode ITL max ms", "decode tokens during prefill"], rows, "lrrrrrr"),
         "",
         "Where the default budget comes from:",
         "",
