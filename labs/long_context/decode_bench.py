@@ -130,9 +130,12 @@ def run(torch, time, copy_gb_s: float, reps: int, experiments: tuple[str, ...], 
     return ({"decode": rows} if rows else {}), failed
 
 
+_measure = lab_main.variants(lambda gpu, experiments: run(gpu.torch, gpu.time, gpu.copy_gb_s, gpu.reps, experiments))
+
+
 def main(argv: list[str] | None = None) -> int:
     return lab_main.main(argv, prog="python -m labs.long_context.decode_bench", lab=LAB,
-                         lab_module=sys.modules[__name__], results_path=RESULTS_PATH,
+                         lab_module=sys.modules[__name__], results_path=RESULTS_PATH, reps=10, measure=_measure,
                          description="Time one layer's decode attention with the project's paged kernel at "
                          "Llama-3.1-8B shapes for L = 4K to 128K, B = 1 and 8, bf16 and fp8 KV.")
 
