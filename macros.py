@@ -480,6 +480,27 @@ def register_plot_macros(env) -> None:
         return plots.paged_attention_figures(_url(), gpu, with_table=table)
 
     @env.macro
+    def long_context_score_plot(model: str = "llama-3.1-8b") -> str:
+        """The illustrative RoPE score against distance under each scaling rule (labs/long_context, derived)."""
+        from labs.long_context.plots import score_plot
+
+        return score_plot(_url(), model)
+
+    @env.macro
+    def long_context_stretch_plot(model: str = "llama-3.1-8b") -> str:
+        """How much each scaling rule slows every rotary pair (labs/long_context, derived)."""
+        from labs.long_context.plots import stretch_plot
+
+        return stretch_plot(_url(), model)
+
+    @env.macro
+    def long_context_decode_plot(gpu: str) -> str:
+        """Measured decode attention time against context with the paged kernel (labs/results/long_context.json)."""
+        from labs.long_context.plots import decode_plot
+
+        return decode_plot(_url(), gpu)
+
+    @env.macro
     def kv_calculator(model: str = "llama-3.1-8b", gpu: str = "h200", max_model_len: int = 8192) -> str:
         """The in-page KV-cache calculator, with the data files inlined for it."""
         facts = vllm_facts()

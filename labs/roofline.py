@@ -18,6 +18,7 @@ tensor-parallel degree. For it:
     weight_bytes(dep)            weights one rank holds
     kv_bytes_per_token(dep)      KV cache one more token costs one rank
     kv_pool(dep, max_model_len)  vLLM 0.33's KV pool (labs.kv_sizing)   -> Budget
+    max_context(dep, requests)   the KV wall: longest context each request can reach -> KVWall
     smallest_tp(model, gpu, L)   fewest GPUs whose pool holds one request -> Deployment
     offline_throughput_bound(dep, trace, concurrency)                   -> ThroughputBound
     bandwidth(gpu, source)       datasheet or measured bandwidth        -> Bandwidth
@@ -288,6 +289,9 @@ class Deployment:
 
     def kv_pool(self, max_model_len: int | None = None, **budget_args) -> memory_budget.Budget:
         return kv_pool(self, max_model_len, **budget_args)
+
+    def max_context(self, requests: int = 1, **budget_args) -> "KVWall":
+        return max_context(self, requests, **budget_args)
 
     def kv_transfer(self, tokens: int, gbit_per_s: float | None = None, gb_per_s: float | None = None,
                     nvlink: bool = False) -> "KVTransfer":
@@ -794,6 +798,70 @@ def kv_pool(dep: Deployment, max_model_len: int | None = None, **budget_args) ->
     """
     return memory_budget.budget(dep.model, dep.gpu, max_model_len, kv_cache_dtype=dep.kv_dtype,
                                 tensor_parallel_size=dep.tp, weights=weight_bytes(dep), **budget_args)
+
+
+# Upper end of max_context's search: past any model's positions, and far below an int32 overflow.
+MAX_CONTEXT_SEARCH = 1 << 30
+
+
+@dataclass(frozen=True)
+class KVWall:
+    """The longest context a deployment's KV pool gives each of `requests` requests at once.
+
+    tokens: found by vLLM's own rule (the blocks one request of L tokens needs, per KV-cache
+    group, times bytes per block, against the pool less its null block), not capped by the
+    model's positions. positions: what the model config allows (max_position_embeddings,
+    already scaled by rope_scaling for llama3-style configs). max_model_len: the smaller of
+    the two, what a server can actually offer; bound says which of the two sets it.
+    """
+
+    tokens: int
+    requests: int
+    positions: int
+    kv_pool: int
+    kv_bytes_per_token: int
+    block_size: int
+
+    @property
+    def max_model_len(self) -> int:
+        return min(self.tokens, self.positions)
+
+    @property
+    def bound(self) -> str:
+        return "memory" if self.tokens < self.positions else "positions"
+
+    @property
+    def of_positions(self) -> float:
+        """tokens over the model's positions: below 1, memory is the wall."""
+        return self.tokens / self.positions
+
+
+def max_context(dep: Deployment, requests: int = 1, **budget_args) -> KVWall:
+    """The KV wall: the longest context `requests` concurrent requests can each reach in one rank's pool.
+
+    Uses the pool of kv_pool(dep) (vLLM 0.33's budget; `budget_args` as there) and vLLM's
+    block accounting (labs.kv_sizing.formula.blocks_per_request), so sliding-window layers
+    stop growing at their window. It rounds down: the answer fits, one block more does not.
+    """
+    if requests < 1:
+        raise CostModelError(f"max_context: requests must be >= 1, got {requests}")
+    pool = kv_pool(dep, **budget_args)
+    bpb = pool.bytes_per_block
+    room = pool.kv_pool - bpb  # the null block is never handed out
+    in_flight = 2 * pool.max_num_batched_tokens
+
+    def fits(n: int) -> bool:
+        return requests * formula.blocks_per_request(dep.model, n, pool.block_size, in_flight) * bpb <= room
+
+    tokens = 0
+    if room > 0 and fits(1):
+        lo, hi = 1, MAX_CONTEXT_SEARCH
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
+        tokens = lo
+    return KVWall(tokens, requests, dep.model.max_position_embeddings, pool.kv_pool, pool.kv_bytes_per_token,
+                  pool.block_size)
 
 
 def smallest_tp(model: ModelSpec, gpu: GPUSpec, max_model_len: int, choices: Iterable[int] = (1, 2, 4, 8),

@@ -22,17 +22,12 @@ LAB = "lora"
 RESULTS_PATH = RESULTS_DIR / f"{LAB}.json"
 
 
-class _Lab:
-    EXPERIMENTS, config_name, printed = lab.EXPERIMENTS, staticmethod(lab.config_name), staticmethod(lab.printed)
-
-    @staticmethod
-    def run(torch, time, copy, reps, experiments):
-        return lab.run(torch, time, reps, experiments)
+_measure = lab_main.variants(lambda gpu, experiments: lab.run(gpu.torch, gpu.time, gpu.reps, experiments))
 
 
 def main(argv: list[str] | None = None) -> int:
-    return lab_main.main(argv, prog="python -m labs.lora.bench", lab=LAB, lab_module=_Lab,
-                         results_path=RESULTS_PATH,
+    return lab_main.main(argv, prog="python -m labs.lora.bench", lab=LAB, lab_module=lab,
+                         results_path=RESULTS_PATH, reps=10, measure=_measure,
                          description="Check a per-adapter LoRA loop and segmented shrink/expand Triton kernels "
                          "against an fp32 reference, then time both against the base layer on Llama-3.1-8B "
                          "projections over distinct adapters, ranks and token counts.")
