@@ -461,10 +461,10 @@ def test_launcher_rejects_bad_inputs_with_clear_messages():
         paged_decode(*args, k_scale=torch.ones(()), v_scale=torch.ones(()))
     f8 = make_problem([5], 4, 2, CPU_HEAD_DIM, 8, torch.float16, DEVICE, kv_dtype=FP8_DTYPE)
     with pytest.raises(ValueError, match="needs k_scale"):
-        paged_decode(f8.q, f8.k_cache, f8.v_cache, f8.block_tables, f8.seq_lens, v_layout="dim")
-    with pytest.raises(ValueError, match="v_layout='token', v_cache must be"):
+        paged_decode(f8.q, f8.k_cache, f8.v_cache, f8.block_tables, f8.seq_lens)
+    with pytest.raises(ValueError, match="v_layout='dim', v_cache must be"):
         paged_decode(f8.q, f8.k_cache, f8.v_cache, f8.block_tables, f8.seq_lens, k_scale=f8.k_scale,
-                     v_scale=f8.v_scale)
+                     v_scale=f8.v_scale, v_layout="dim")
     with pytest.raises(ValueError, match="v_layout must be one of"):
         paged_decode(*args, v_layout="heads")
 

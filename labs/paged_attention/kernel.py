@@ -220,8 +220,9 @@ def paged_decode_kernel(
             # (D_PAD, blocks, tokens of a block), tokens contiguous: P.V's operand arrives in
             # the order the matrix unit reads it (along its reduction axis, the tokens), so no
             # 8-bit tile is transposed in shared memory (cache.py says why that costs). The
-            # block ids are loaded once per block, and the mask is per block, so every block
-            # row is one aligned run of BT bytes the compiler can load in 16-byte vectors.
+            # block ids are loaded once per block, and the mask is per block, so every row of
+            # a block is one aligned run of BLOCK_SIZE elements the compiler loads as vectors
+            # (first form, one block id per token: byte loads, 622 us; NOTES.md, v4).
             if BLOCK_SIZE <= TILE_N:
                 blk_tok = tile_start + tl.arange(0, TILE_N // BLOCK_SIZE) * BLOCK_SIZE
                 in_blk = tl.arange(0, BLOCK_SIZE)
@@ -394,13 +395,16 @@ MAX_BATCH = 4096
 # Splits the reduction combines per loop step: SPLIT_CAP, so an unforced plan takes one
 # step. At 32, the 60 splits of a B = 1 batch took two dependent steps (NOTES.md, v3).
 REDUCE_CHUNK = 64
-# ... but only up to this batch. A 64 x 128 chunk of fp32 partials and their addresses
-# overflows the registers: at (32, 4,096) the reduction kernel took 25.7 us beside the
-# decode kernel's 125.5, for 2 splits per sequence (torch profiler, NOTES.md, v4). With
-# more sequences there are B x Hq reduction programs, so their cost per program counts.
+# ... but only up to this batch. With more sequences there are B x Hq reduction programs
+# of a few splits each, and what each program costs counts: at (16, 4,096, 128 heads) the
+# 64-split chunk took 93.7 us in all, 8 splits 87.6 (NOTES.md, v4).
 REDUCE_WIDE_MAX_BATCH = 4
 REDUCE_CHUNK_BATCHED = 8
-REDUCE_NUM_WARPS = 4
+# One warp per reduction program at those batches: a program combines one head's 128
+# values over 8 splits, and 1 warp beat 2, 4 and 8 on every split shape timed (g16-b16:
+# 82.1 / 82.8 / 87.7 / 102.2 us; b32-l4k: 142.8 / 144.6 / 145.6 / 152.7; NOTES.md, v4).
+# Up to REDUCE_WIDE_MAX_BATCH the 64-split chunk keeps 4 warps, as recorded at B = 1.
+REDUCE_NUM_WARPS_BATCHED = 1
 # Registers per thread for the decode kernel: 128 x 128 threads x 4 programs = the SM's
 # 65,536, so RESIDENT_PROGRAMS holds. Left to itself, Triton 3.6 gave the split variant
 # 124-155 registers (3 programs per SM) and the fp8 one 199 (2 per SM); at 128 the
@@ -555,8 +559,8 @@ def paged_decode(
     cache's dtype). programs_per_sm: programs of that configuration that fit on one SM
     at once. ragged_waves: waves of programs to aim for when lengths differ.
     v_layout: "token" when v_cache is shaped like k_cache (vLLM's order); "dim" when it is
-    (num_blocks, num_kv_heads, head_dim, block_size), the order `PagedKVCache` stores an
-    fp8 V pool in (cache.py says why).
+    (num_blocks, num_kv_heads, head_dim, block_size), as `PagedKVCache(v_layout="dim")`
+    stores it (cache.py says why one would, and why it is not the default).
     """
     # (1) Checks
     if q.dim() != 3:
@@ -699,9 +703,10 @@ def paged_decode(
     if split:
         args = (part_out, part_lse, out, seq_lens, batch, targets[0], targets[1], split_cap,
                 out.stride(0), out.stride(1))
-        s_chunk = REDUCE_CHUNK if batch <= REDUCE_WIDE_MAX_BATCH else REDUCE_CHUNK_BATCHED
-        kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n, S_CHUNK=s_chunk,
-                      num_warps=REDUCE_NUM_WARPS, num_stages=2)
+        wide = batch <= REDUCE_WIDE_MAX_BATCH
+        kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n,
+                      S_CHUNK=REDUCE_CHUNK if wide else REDUCE_CHUNK_BATCHED,
+                      num_warps=4 if wide else REDUCE_NUM_WARPS_BATCHED, num_stages=2)
         if use_gdc:
             _launch_reduce((batch, num_q_heads), args, kwargs)
         else:
