@@ -101,7 +101,7 @@ def run_case(problem, **kwargs) -> torch.Tensor:
 def reference(problem) -> torch.Tensor:
     """fp32 attention on what the cache holds (dequantised first when it is fp8)."""
     return paged_decode_ref(problem.q, problem.k_cache, problem.v_cache, problem.block_tables, problem.seq_lens,
-                            k_scale=problem.k_scale, v_scale=problem.v_scale)
+                            **problem.kernel_kwargs())
 
 
 # fp8 against fp32 on the values before quantisation: e4m3 keeps 3 mantissa bits, so a
@@ -406,6 +406,30 @@ def test_fp8_cache_matches_both_references(group, num_splits):
     assert err <= FP8_QUANT_REL_ERR, f"fp8 vs unquantised: {err:.3g}"
 
 
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+def test_v_stored_by_dimension_matches_reference(block_size):
+    """V as (blocks, heads, dim, block_size): per-block loads, NaN in the last block's unused slots."""
+    lens = [3 * max(block_size, 16) + 5, 1, max(block_size - 1, 2), block_size + 1]
+    problem = make_problem(lens, 6, 2, CPU_HEAD_DIM, block_size, torch.float16, DEVICE, seed=block_size,
+                           v_layout="dim", shared_prefix_blocks=1)
+    assert problem.v_cache.shape == (problem.k_cache.shape[0], 2, CPU_HEAD_DIM, block_size)
+    for num_splits in (1, 3):
+        out = run_case(problem, num_splits=num_splits, tile_n=CPU_TILE_N)
+        assert_matches(out, reference(problem), torch.float16, f"v by dim, block_size={block_size}")
+
+
+def test_fp8_pool_stores_v_by_dimension():
+    """The fp8 writer puts token t's V[h, :] at v[block, h, :, t % block_size]."""
+    cache = PagedKVCache(1, 3, 8, 2, 4, FP8_DTYPE, "cpu", v_layout="dim")
+    v = torch.arange(2 * 4, dtype=torch.float32).reshape(1, 2, 4) / 8
+    cache.write(0, [2 * 8 + 5], v, v)
+    assert tuple(cache.v[0].shape) == (3, 2, 4, 8)
+    torch.testing.assert_close(cache.v[0][2, :, :, 5].float(), v[0])
+    torch.testing.assert_close(cache.k[0][2, 5].float(), v[0])
+    with pytest.raises(ValueError, match="v_layout"):
+        PagedKVCache(1, 3, 8, 2, 4, FP8_DTYPE, "cpu", v_layout="heads")
+
+
 def test_fp8_writer_quantises_with_the_scale_and_saturates():
     from labs.paged_attention.cache import FP8_MAX
 
@@ -438,6 +462,11 @@ def test_launcher_rejects_bad_inputs_with_clear_messages():
     f8 = make_problem([5], 4, 2, CPU_HEAD_DIM, 8, torch.float16, DEVICE, kv_dtype=FP8_DTYPE)
     with pytest.raises(ValueError, match="needs k_scale"):
         paged_decode(f8.q, f8.k_cache, f8.v_cache, f8.block_tables, f8.seq_lens)
+    with pytest.raises(ValueError, match="v_layout='dim', v_cache must be"):
+        paged_decode(f8.q, f8.k_cache, f8.v_cache, f8.block_tables, f8.seq_lens, k_scale=f8.k_scale,
+                     v_scale=f8.v_scale, v_layout="dim")
+    with pytest.raises(ValueError, match="v_layout must be one of"):
+        paged_decode(*args, v_layout="heads")
 
 
 # ----------------------------------------------------------------------------------
@@ -569,13 +598,18 @@ def test_gpu_fp8_graph_replay_with_new_lengths():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("v_layout", ["dim", "token"])
 @pytest.mark.parametrize("group", [1, 4, 7, 8, 16])
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
-def test_gpu_fp8_matches_both_references(dtype, group):
+def test_gpu_fp8_matches_both_references(dtype, group, v_layout):
+    """V stored by dimension (the lab's fp8 pool) and by token (vLLM's order) both match."""
     import random
 
+    if v_layout == "token" and group not in (4, 7):
+        pytest.skip("vLLM's order: two groups suffice, the addressing does not depend on the group")
     lens = random_lens(random.Random(group), 10, 32768)
-    problem = make_problem(lens, 4 * group, 4, GPU_HEAD_DIM, 16, dtype, "cuda", seed=group, kv_dtype=FP8_DTYPE)
+    problem = make_problem(lens, 4 * group, 4, GPU_HEAD_DIM, 16, dtype, "cuda", seed=group, kv_dtype=FP8_DTYPE,
+                           v_layout=v_layout)
     plain = make_problem(lens, 4 * group, 4, GPU_HEAD_DIM, 16, torch.float32, "cuda", seed=group)
     out = run_case(problem)
     assert_matches(out, reference(problem), dtype, f"fp8 vs dequantised, lens={lens}")

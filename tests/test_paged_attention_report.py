@@ -263,3 +263,19 @@ def test_the_other_tables_say_when_nothing_is_recorded(results):
                   report.paged_attention_fp8_table):
         md = macro(gpu="GPU Alpha")
         assert "No `" in md and "rows are recorded for GPU Alpha" in md and report.RECORD_COMMAND in md
+
+
+def test_fp8_summary_quotes_the_recorded_extremes():
+    """The sentence the fp8 pages render: lowest and highest speedup on B >= 16 and ragged rows, and errors."""
+    for label, e in RECORDED.items():
+        rows = bench.table_rows(e["rows"], "fp8")
+        big = [r["speedup_vs_bf16"] for r in rows if r["kind"] == "ragged" or r["batch"] >= 16]
+        text = report.paged_attention_fp8_summary(gpu=label)
+        assert label in text and e["date"] in text
+        assert f"{min(big):.2f}–{max(big):.2f}×" in text and f"on {len(big)} batches" in text
+        assert f"{min(r['quant_rel_err'] for r in rows):.1%}" in text
+
+
+def test_fp8_summary_says_when_nothing_is_recorded(results):
+    results(TWO_GPUS)
+    assert "No `fp8` rows are recorded for GPU Alpha" in report.paged_attention_fp8_summary(gpu="GPU Alpha")

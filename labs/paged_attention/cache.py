@@ -54,6 +54,19 @@ the scale and lets the store round to fp8 (`vllm/v1/attention/ops/triton_reshape
 `fp8_scale` gives the calibrated scale amax / 448 (448 is e4m3's largest finite value),
 and `write` clamps to +-448 before the cast, so an outlier saturates instead of
 becoming NaN (e4m3fn has no infinity).
+
+FP8 V layout. vLLM 0.33 stores an fp8 V pool in the same order as K, and so does this
+pool by default. It can also store V the other way round, (num_blocks, num_kv_heads,
+head_dim, block_size) (`v_layout="dim"`). Why one would: the decode kernel's second
+product, P.V, reduces over tokens, and the matrix unit reads its V operand as runs along
+that axis. With V stored token by token, Triton 3.6 transposes each 8-bit V tile in shared
+memory one byte per load (sm_90's `ldmatrix` transposes only 16-bit elements), and that
+made the fp8 kernel bound by instruction issue (NOTES.md, v3). Stored by dimension, one
+block of one head is still one contiguous run (head_dim x block_size bytes), the tile
+arrives in the operand's order, and the byte loads are gone from the compiled code; yet
+on the H200 the kernel took 350 us instead of 226 at (64, 4,096) (NOTES.md, v4), so the
+default stays vLLM's order. A token's write in the "dim" order is num_kv_heads x head_dim
+single-byte stores with a stride of block_size.
 """
 
 from __future__ import annotations
@@ -74,6 +87,15 @@ DEFAULT_BLOCK_SIZE = vllm_facts.resolved_default("block_size")  # 16, from labs/
 NULL_BLOCK = 0
 # Largest finite float8 e4m3fn value: stored values are clamped to +-FP8_MAX.
 FP8_MAX = 448.0
+# V pool orders: "token" like K, (blocks, block_size, heads, dim); "dim", (blocks, heads, dim, block_size).
+V_LAYOUTS = ("token", "dim")
+
+
+def v_by_token(v_pool: torch.Tensor, v_layout: str) -> torch.Tensor:
+    """A V pool as a (num_blocks, block_size, num_kv_heads, head_dim) view, whatever its order."""
+    if v_layout not in V_LAYOUTS:
+        raise ValueError(f"v_layout must be one of {V_LAYOUTS}, got {v_layout!r}")
+    return v_pool if v_layout == "token" else v_pool.permute(0, 3, 1, 2)
 
 
 class OutOfBlocksError(RuntimeError):
@@ -228,6 +250,8 @@ class BlockTables:
 class PagedKVCache:
     """The tensor pool: per layer, K and V shaped (num_blocks, block_size, num_kv_heads, head_dim).
 
+    With v_layout="dim", V is (num_blocks, num_kv_heads, head_dim, block_size) instead.
+
     `torch.empty` is used on purpose: a real pool is never zeroed, and the tests fill it
     with NaN to prove that the kernel reads only slots the block tables point to.
     """
@@ -241,12 +265,17 @@ class PagedKVCache:
         head_dim: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        v_layout: str = "token",
     ):
         import torch
 
         if block_size not in SUPPORTED_BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {SUPPORTED_BLOCK_SIZES}, got {block_size}")
+        if v_layout not in V_LAYOUTS:
+            raise ValueError(f"v_layout must be one of {V_LAYOUTS}, got {v_layout!r}")
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        v_shape = shape if v_layout == "token" else (num_blocks, num_kv_heads, head_dim, block_size)
+        self.v_layout = v_layout
         self.num_layers = num_layers
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -254,7 +283,7 @@ class PagedKVCache:
         self.head_dim = head_dim
         self.dtype = dtype
         self.k = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.empty(v_shape, dtype=dtype, device=device) for _ in range(num_layers)]
         # Per-layer fp32 scales, on the device like vLLM's layer._k_scale / _v_scale: the
         # kernel reads them there, so a captured graph sees new values. 1.0 = not calibrated.
         self.k_scale = [torch.ones((), dtype=torch.float32, device=device) for _ in range(num_layers)]
@@ -299,7 +328,10 @@ class PagedKVCache:
             v = (v.float() / self.v_scale[layer]).clamp(-FP8_MAX, FP8_MAX)
         # The flat view is a view, not a copy: indexing by slot writes into the pool.
         kc.view(-1, self.num_kv_heads, self.head_dim)[slots] = k.to(kc.dtype)
-        vc.view(-1, self.num_kv_heads, self.head_dim)[slots] = v.to(vc.dtype)
+        if self.v_layout == "token":
+            vc.view(-1, self.num_kv_heads, self.head_dim)[slots] = v.to(vc.dtype)
+        else:  # (block, :, :, offset) for each token: index dims come first, so this is (n, Hkv, d)
+            vc[slots // self.block_size, :, :, slots % self.block_size] = v.to(vc.dtype)
 
 
 def fp8_scale(x: torch.Tensor) -> float:

@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from labs.paged_attention.cache import SUPPORTED_BLOCK_SIZES
+from labs.paged_attention.cache import SUPPORTED_BLOCK_SIZES, V_LAYOUTS
 
 # The fp8 cache format vLLM calls 'fp8' / 'fp8_e4m3' on NVIDIA GPUs.
 FP8_DTYPE = torch.float8_e4m3fn
@@ -102,7 +102,7 @@ def paged_decode_kernel(
     # Pointers
     q_ptr,  # (B, Hq, d)
     k_cache_ptr,  # (num_blocks, BLOCK_SIZE, Hkv, d)
-    v_cache_ptr,  # same shape and strides as k_cache
+    v_cache_ptr,  # like k_cache, or (num_blocks, Hkv, d, BLOCK_SIZE) when V_BY_DIM
     block_tables_ptr,  # (B, max_blocks) int32; padding entries are 0, the null block
     seq_lens_ptr,  # (B,) int32
     k_scale_ptr,  # () fp32, read when FP8: real K = stored K * k_scale
@@ -123,6 +123,10 @@ def paged_decode_kernel(
     stride_cb,  # between physical blocks
     stride_ct,  # between tokens inside a block
     stride_ch,  # between KV heads
+    stride_vb,  # the same four for v_cache, which may be stored in another order
+    stride_vt,
+    stride_vh,
+    stride_vd,
     stride_tb,  # between block-table rows
     stride_ob,
     stride_oh,
@@ -135,6 +139,7 @@ def paged_decode_kernel(
     TILE_N: tl.constexpr,  # tokens per loop step, TILE_N // BLOCK_SIZE blocks when BLOCK_SIZE < TILE_N
     SPLIT: tl.constexpr,  # False: one program per (sequence, KV head), no plan, no partials
     FP8: tl.constexpr,  # the cache holds float8 e4m3 with per-tensor scales
+    V_BY_DIM: tl.constexpr,  # V tile loaded as (d, tokens), tokens contiguous, then transposed
     USE_GDC: tl.constexpr,  # let the reduction kernel launch while the last wave runs
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, so no tf32 rounding
 ):
@@ -211,12 +216,36 @@ def paged_decode_kernel(
             kv_mask = t_mask[:, None] & d_mask[None, :]
         kv_ptrs = row_off[:, None] + offs_d[None, :]  # (TILE_N, D_PAD), contiguous along d
         k = tl.load(k_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
+        if V_BY_DIM:
+            # (D_PAD, blocks, tokens of a block), tokens contiguous: P.V's operand arrives in
+            # the order the matrix unit reads it (along its reduction axis, the tokens), so no
+            # 8-bit tile is transposed in shared memory (cache.py says why that costs). The
+            # block ids are loaded once per block, and the mask is per block, so every row of
+            # a block is one aligned run of BLOCK_SIZE elements the compiler loads as vectors
+            # (first form, one block id per token: byte loads, 622 us; NOTES.md, v4).
+            if BLOCK_SIZE <= TILE_N:
+                blk_tok = tile_start + tl.arange(0, TILE_N // BLOCK_SIZE) * BLOCK_SIZE
+                in_blk = tl.arange(0, BLOCK_SIZE)
+            else:  # the whole tile lies in one block
+                blk_tok = tile_start + tl.arange(0, 1)
+                in_blk = tile_start % BLOCK_SIZE + tl.arange(0, TILE_N)
+            blk_ok = blk_tok < end
+            vblock = tl.load(table_row + blk_tok // BLOCK_SIZE, mask=blk_ok, other=0).to(tl.int64)
+            v_off = (vblock * stride_vb + kv_head * stride_vh)[None, :, None] + in_blk[None, None, :] * stride_vt
+            vt = tl.load(v_cache_ptr + v_off + offs_d[:, None, None] * stride_vd,
+                         mask=blk_ok[None, :, None] & d_mask[:, None, None], other=0.0)
+            v = tl.trans(tl.reshape(vt, (D_PAD, TILE_N)))
+        else:
+            v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
         if FP8:
             # Every e4m3 value is exact in fp16 (3 mantissa bits, exponents -9..8): this
             # cast rounds nothing. The scales are applied in fp32.
             k = k.to(q.dtype)
             v = v.to(q.dtype)
+        if V_BY_DIM:
+            # Slots past the sequence's end in its last block were loaded (the mask is per
+            # block) and may hold anything, NaN included: replace them, don't multiply them.
+            v = tl.where(t_mask[:, None], v, 0.0)
 
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (G_PAD, TILE_N) fp32
         # Masked tokens must get zero weight: -inf makes exp2 return exactly 0.
@@ -366,6 +395,16 @@ MAX_BATCH = 4096
 # Splits the reduction combines per loop step: SPLIT_CAP, so an unforced plan takes one
 # step. At 32, the 60 splits of a B = 1 batch took two dependent steps (NOTES.md, v3).
 REDUCE_CHUNK = 64
+# ... but only up to this batch. With more sequences there are B x Hq reduction programs
+# of a few splits each, and what each program costs counts: at (16, 4,096, 128 heads) the
+# 64-split chunk took 93.7 us in all, 8 splits 87.6 (NOTES.md, v4).
+REDUCE_WIDE_MAX_BATCH = 4
+REDUCE_CHUNK_BATCHED = 8
+# One warp per reduction program at those batches: a program combines one head's 128
+# values over 8 splits, and 1 warp beat 2, 4 and 8 on every split shape timed (g16-b16:
+# 82.1 / 82.8 / 87.7 / 102.2 us; b32-l4k: 142.8 / 144.6 / 145.6 / 152.7; NOTES.md, v4).
+# Up to REDUCE_WIDE_MAX_BATCH the 64-split chunk keeps 4 warps, as recorded at B = 1.
+REDUCE_NUM_WARPS_BATCHED = 1
 # Registers per thread for the decode kernel: 128 x 128 threads x 4 programs = the SM's
 # 65,536, so RESIDENT_PROGRAMS holds. Left to itself, Triton 3.6 gave the split variant
 # 124-155 registers (3 programs per SM) and the fp8 one 199 (2 per SM); at 128 the
@@ -498,6 +537,7 @@ def paged_decode(
     num_stages: int | None = None,
     programs_per_sm: int = RESIDENT_PROGRAMS,
     ragged_waves: float = RAGGED_WAVES,
+    v_layout: str = "token",
 ) -> torch.Tensor:
     """Decode attention over a paged KV cache; returns (B, Hq, d) in q's dtype.
 
@@ -518,17 +558,28 @@ def paged_decode(
     tile_n, num_warps, num_stages: the kernel's tuning knobs (None: the defaults for the
     cache's dtype). programs_per_sm: programs of that configuration that fit on one SM
     at once. ragged_waves: waves of programs to aim for when lengths differ.
+    v_layout: "token" when v_cache is shaped like k_cache (vLLM's order); "dim" when it is
+    (num_blocks, num_kv_heads, head_dim, block_size), as `PagedKVCache(v_layout="dim")`
+    stores it (cache.py says why one would, and why it is not the default).
     """
     # (1) Checks
     if q.dim() != 3:
         raise ValueError(f"q must be (batch, num_q_heads, head_dim), got shape {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(
-            "k_cache and v_cache must both be (num_blocks, block_size, num_kv_heads, head_dim), "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
-    if k_cache.stride() != v_cache.stride():
+    if v_layout not in V_LAYOUTS:
+        raise ValueError(f"v_layout must be one of {V_LAYOUTS}, got {v_layout!r}")
+    if k_cache.dim() != 4 or v_cache.dim() != 4:
+        raise ValueError(f"k_cache and v_cache must be 4-D, got shapes {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    # v_by_token: v_cache viewed as (num_blocks, block_size, num_kv_heads, head_dim), like k_cache.
+    v_by_token = v_cache if v_layout == "token" else v_cache.permute(0, 3, 1, 2)
+    if k_cache.shape != v_by_token.shape:
+        want = "(num_blocks, block_size, num_kv_heads, head_dim)" if v_layout == "token" else \
+            "(num_blocks, num_kv_heads, head_dim, block_size)"
+        raise ValueError(f"with v_layout={v_layout!r}, v_cache must be {want} matching k_cache "
+                         f"{tuple(k_cache.shape)}, got {tuple(v_cache.shape)}")
+    if v_layout == "token" and k_cache.stride() != v_cache.stride():
         raise ValueError(f"k_cache and v_cache must share strides, got {k_cache.stride()} and {v_cache.stride()}")
+    if v_layout == "dim" and v_cache.stride(-1) != 1:
+        raise ValueError("with v_layout='dim', v_cache must be contiguous along its last axis (block_size)")
     batch, num_q_heads, head_dim = q.shape
     num_blocks, block_size, num_kv_heads, cache_head_dim = k_cache.shape
     if cache_head_dim != head_dim:
@@ -568,7 +619,7 @@ def paged_decode(
     device = q.device
     if device.type == "cpu" and not _interpreting():
         raise ValueError("CPU tensors run only under the Triton interpreter: set TRITON_INTERPRET=1 before importing triton")
-    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or block_tables.stride(-1) != 1 or seq_lens.stride(0) != 1:
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or (v_layout == "token" and v_cache.stride(-1) != 1) or block_tables.stride(-1) != 1 or seq_lens.stride(0) != 1:
         raise ValueError("q, k_cache, block_tables and seq_lens must be contiguous along their last axis")
     tile_n = tile_n or (FP8_TILE_N if fp8 else DEFAULT_TILE_N)
     num_warps = num_warps or (FP8_NUM_WARPS if fp8 else DEFAULT_NUM_WARPS)
@@ -629,6 +680,7 @@ def paged_decode(
         k_cache.stride(0),  # assumes (num_blocks, BLOCK_SIZE, H_KV, D)
         k_cache.stride(1),
         k_cache.stride(2),
+        *v_by_token.stride(),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         BLOCK_SIZE=block_size,
@@ -639,6 +691,7 @@ def paged_decode(
         TILE_N=tile_n,
         SPLIT=split,
         FP8=fp8,
+        V_BY_DIM=v_layout == "dim",
         USE_GDC=split and use_gdc,
         # fp32 inputs: exact products ("ieee"), not tf32's 10-bit mantissa. 16-bit inputs
         # ignore the setting.
@@ -650,8 +703,10 @@ def paged_decode(
     if split:
         args = (part_out, part_lse, out, seq_lens, batch, targets[0], targets[1], split_cap,
                 out.stride(0), out.stride(1))
-        kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n, S_CHUNK=REDUCE_CHUNK,
-                      num_warps=4, num_stages=2)
+        wide = batch <= REDUCE_WIDE_MAX_BATCH
+        kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n,
+                      S_CHUNK=REDUCE_CHUNK if wide else REDUCE_CHUNK_BATCHED,
+                      num_warps=4 if wide else REDUCE_NUM_WARPS_BATCHED, num_stages=2)
         if use_gdc:
             _launch_reduce((batch, num_q_heads), args, kwargs)
         else:

@@ -29,6 +29,7 @@ def paged_decode_ref(
     scale: float | None = None,
     k_scale: torch.Tensor | float | None = None,
     v_scale: torch.Tensor | float | None = None,
+    v_layout: str = "token",
 ) -> torch.Tensor:
     """softmax(q K^T * scale) V per sequence, in fp32; returns (batch, num_q_heads, head_dim) fp32.
 
@@ -37,8 +38,12 @@ def paged_decode_ref(
     Query head h reads KV head h // (num_q_heads // num_kv_heads). For an fp8 cache,
     k_scale and v_scale dequantise first (real = stored * scale, in fp32), then the same
     fp32 attention runs: the reference for the kernel's own error, apart from the
-    quantisation's.
+    quantisation's. v_layout: the V pool's order (`cache.V_LAYOUTS`); "dim" is viewed
+    token by token first, by a permute, not by the kernel's strides.
     """
+    from labs.paged_attention.cache import v_by_token
+
+    v_cache = v_by_token(v_cache, v_layout)
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     group = num_q_heads // num_kv_heads

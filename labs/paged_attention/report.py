@@ -234,7 +234,11 @@ def paged_attention_fp8_table(gpu: str) -> str:
             f"| {r['speedup_vs_bf16']:.2f}× | {r['rel_err']:.1e} | {r['quant_rel_err']:.1e} "
             f"| {r['bf16_rel_err']:.1e} |"
         )
-    return (_intro(m, rows) + f" K and V stored as float8 e4m3 with one fp32 scale each, queries bf16; "
+    layouts = {r.get("v_layout", "token") for r in rows}
+    order = ("V stored by dimension, (blocks, heads, head_dim, block_size), not in vLLM's order"
+             if layouts == {"dim"} else "V stored like K, in vLLM's order" if layouts == {"token"}
+             else "V stored in either order (see the rows)")
+    return (_intro(m, rows) + f" K and V stored as float8 e4m3 with one fp32 scale each ({order}), queries bf16; "
             f"tile {rows[0]['tile_n']} tokens, {rows[0]['num_warps']} warps, {rows[0]['num_stages']} stages. "
             "Errors are ‖out − ref‖ / ‖ref‖ against fp32 attention on the dequantised cache (the kernel's "
             "own) and on the values before quantisation (what e4m3 costs).\n\n" + "\n".join(lines) + "\n")
@@ -269,7 +273,27 @@ def paged_attention_headline(shape: str, gpu: str) -> str:
             f"{r['ratio_to_sdpa']:.3f}× the time of PyTorch SDPA ({run['sdpa_backend']}) on a contiguous cache.")
 
 
+def paged_attention_fp8_summary(gpu: str) -> str:
+    """One sentence for a page that mentions `--kv-cache-dtype fp8`: the measured speedup of the lab's
+    fp8 decode kernel over its bf16 one, and the error, on the named GPU with the date."""
+    if _nothing_recorded():
+        return _not_recorded(gpu)
+    m, rows, note = _table_or_note(gpu, "fp8")
+    if note:
+        return note
+    big = [r for r in rows if r["kind"] == "ragged" or r["batch"] >= 16]
+    speed = sorted(r["speedup_vs_bf16"] for r in big)
+    quant = sorted(r["quant_rel_err"] for r in rows)
+    bf16 = max(r["bf16_rel_err"] for r in rows)
+    return (f"Measured on an {m.label} ({m.dates}) with this site's paged decode kernel: an e4m3 cache "
+            f"with per-tensor scales made decode attention "
+            f"{speed[0]:.2f}–{speed[-1]:.2f}× as fast as bf16 on {len(big)} batches of 16 or more sequences "
+            f"(half the bytes read), at a relative error of {quant[0]:.1%}–{quant[-1]:.1%} against fp32 "
+            f"attention on the unquantised values, where the bf16 cache's was at most {bf16:.2%}.")
+
+
 MACROS = [
+    paged_attention_fp8_summary,
     paged_attention_recorded,
     paged_attention_env,
     paged_attention_results_table,

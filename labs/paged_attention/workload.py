@@ -33,10 +33,12 @@ class DecodeProblem:
     shared_blocks: int  # blocks each forked sequence shares with sequence 0
     k_scale: torch.Tensor | None = None  # () fp32, for an fp8 cache
     v_scale: torch.Tensor | None = None
+    v_layout: str = "token"  # the V pool's order (cache.V_LAYOUTS)
 
     def kernel_kwargs(self) -> dict:
-        """The scales to pass `paged_decode`, when the cache is fp8."""
-        return {} if self.k_scale is None else {"k_scale": self.k_scale, "v_scale": self.v_scale}
+        """The scales (fp8) and the V layout (when not K's) to pass `paged_decode` and the reference."""
+        kw = {} if self.k_scale is None else {"k_scale": self.k_scale, "v_scale": self.v_scale}
+        return kw if self.v_layout == "token" else {**kw, "v_layout": self.v_layout}
 
     @property
     def max_seq_len(self) -> int:
@@ -71,13 +73,16 @@ def make_problem(
     fill: float = float("nan"),
     seed: int = 0,
     kv_dtype: torch.dtype | None = None,
+    v_layout: str = "token",
 ) -> DecodeProblem:
     """A batch of sequences with `lens` cached tokens each and one query token each.
 
     With shared_prefix_blocks = k > 0, every sequence longer than k blocks (other than
     sequence 0, which must be at least k blocks long) starts with sequence 0's first k
     blocks, by reference count, as prefix caching would leave them. dtype is the
-    queries'; kv_dtype the cache's (default: dtype).
+    queries'; kv_dtype the cache's (default: dtype). v_layout: the V pool's order
+    ("token", vLLM's, or "dim"; cache.py). "dim" is opt-in: on the H200 with Triton 3.6 it
+    made the fp8 kernel slower, not faster (NOTES.md, v4).
     """
     if any(n < 1 for n in lens):
         raise ValueError(f"every sequence needs at least 1 cached token, got lens={list(lens)}")
@@ -91,7 +96,7 @@ def make_problem(
     allocator = scrambled_allocator(needed + spare_blocks + 1, rng)
     tables = BlockTables(allocator, block_size)
     kv_dtype = dtype if kv_dtype is None else kv_dtype
-    cache = PagedKVCache(1, allocator.num_blocks, block_size, num_kv_heads, head_dim, kv_dtype, device)
+    cache = PagedKVCache(1, allocator.num_blocks, block_size, num_kv_heads, head_dim, kv_dtype, device, v_layout)
     cache.fill_(fill)
 
     shared = 0
@@ -125,4 +130,5 @@ def make_problem(
         shared_blocks=shared,
         k_scale=cache.k_scale[0] if cache.is_fp8 else None,
         v_scale=cache.v_scale[0] if cache.is_fp8 else None,
+        v_layout=v_layout,
     )
