@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         cli.reject(p, "--device", "cuda was asked for and no CUDA GPU is visible")
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        torch.set_num_threads(1)  # a tiny model's steps are slower, not faster, on a shared thread pool
     from labs.engine.config import ConfigError, ModelConfig
     from labs.engine.llm import LLM
     from labs.server.__main__ import TINY

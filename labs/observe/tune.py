@@ -232,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "cpu":
+            torch.set_num_threads(1)  # a tiny model's steps are slower, not faster, on a shared thread pool
         first = engine_args(dict(SETTINGS)[wanted[0]], trace)
         llm = LLM(a.model, model_config=cfg, n_layers=a.layers, device=device,
                   decode_attention="triton" if device == "cuda" else "torch", cuda_graphs=device == "cuda", **first)
