@@ -204,3 +204,20 @@ def test_tune_on_the_gpu_runs_one_setting(tmp_path):
     assert rc == 0
     (row,) = json.loads((tmp_path / "tune.json").read_text())["rows"]
     assert row["completed"] == 16 and row["binding"] in diagnose.CONSTRAINTS
+
+
+def test_report_reads_the_recorded_h200_rows():
+    from labs.observe import report
+
+    s = report.observe_scrape_summary("H200")
+    assert s["scrapes"] > 10 and s["running_max"] > 0
+    lo, hi = s["p99_bucket_lo_ms"], s["p99_bucket_hi_ms"]
+    assert hi is None or lo <= s["ttft_p99_ms"] <= hi  # the bucket p99 lies in the bucket it names
+    table = report.observe_profile_table("H200")
+    assert table.count("\n") == 4  # header, rule, three cases
+    g = report.observe_profile_row("decode, CUDA graphs")
+    assert 0 < g["gpu_busy_share"] <= 1
+    assert g["head_ms"] + g["between_ms"] + g["tail_ms"] + g["gpu_busy_ms"] == pytest.approx(g["step_ms"], rel=0.05)
+    assert report.observe_relief_table().count("\n") == len(diagnose.RELIEF) + 1
+    with pytest.raises(report.ReportError):
+        report.observe_profile_row("no such case")
