@@ -95,6 +95,10 @@ STEPS: tuple[Step, ...] = (
     Step("cuda-graphs-bench", "labs.cuda_graphs",
          ("--out", "{out}"),
          what="a decode step and a prefill eager vs CUDA graph; a fused add + RMSNorm"),
+    Step("observe-tune", "labs.observe.tune",
+         ("--model", "llama-3.1-8b", "--requests", "48", "--rate-scale", "4", "--length-scale", "0.25",
+          "--slo", "ttft:200", "tpot:30", "--max-run-s", "6", "--budget-s", "120", "--out", "{out}"),
+         what="the stored trace at one knob per setting against a TTFT and TPOT SLO: goodput, binding constraint"),
 )
 # --8<-- [end:steps]
 STEP_NAMES = tuple(step.name for step in STEPS)
