@@ -101,6 +101,10 @@ STEPS: tuple[Step, ...] = (
     Step("lora-bench", "labs.lora.bench",
          ("--out", "{out}"),
          what="many LoRA adapters in one batch: per-adapter loop vs segmented shrink/expand Triton kernels"),
+    Step("observe-tune", "labs.observe.tune",
+         ("--model", "llama-3.1-8b", "--requests", "48", "--rate-scale", "4", "--length-scale", "0.25",
+          "--slo", "ttft:200", "tpot:30", "--max-run-s", "6", "--budget-s", "120", "--out", "{out}"),
+         what="the stored trace at one knob per setting against a TTFT and TPOT SLO: goodput, binding constraint"),
 )
 # --8<-- [end:steps]
 STEP_NAMES = tuple(step.name for step in STEPS)

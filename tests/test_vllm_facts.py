@@ -61,6 +61,8 @@ def same(expected, actual) -> bool:
     if isinstance(actual, (set, tuple)):
         actual = sorted(actual) if isinstance(actual, set) else list(actual)
         expected = sorted(expected) if isinstance(expected, (set, list)) and isinstance(actual, list) else expected
+    if dataclasses.is_dataclass(actual) and not isinstance(actual, type):  # a config object: "ProfilerConfig()"
+        return expected == f"{type(actual).__name__}()" and actual == type(actual)()
     if type(expected) is bool or type(actual) is bool:
         return type(expected) is type(actual) and expected == actual
     return expected == actual
