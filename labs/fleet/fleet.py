@@ -259,8 +259,8 @@ class Fleet:
             r.state, r.released = "released", now
 
     def run(self, arrivals: list[tuple[float, Sequence, int]], tokens_for, on_finish=None,
-            until: float | None = None) -> RunResult:
-        """Run every arrival (time, sequence, routing key) to completion.
+            until: float | None = None, stop: float | None = None) -> RunResult:
+        """Run every arrival (time, sequence, routing key) to completion (or, for a test, up to `stop` s).
 
         tokens_for(seq) gives the token a sampling step appends (the trace's reply, so the next
         turn's prompt matches what was cached); on_finish(seq, t) may return further arrivals.
@@ -278,6 +278,8 @@ class Fleet:
         now = 0.0
         steps_left = 50_000_000
         while self._events:
+            if stop is not None and self._events[0][0] > stop:
+                break
             now, kind, _, payload = heapq.heappop(self._events)
             steps_left -= 1
             if steps_left < 0:
