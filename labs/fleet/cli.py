@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in targets:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            print(recorded.record_rows(path, LAB, MACHINE, rows, KEY, run_info, replace=True))
+            print(recorded.record_rows(path, LAB, MACHINE, rows, KEY, run_info, replace=True,
+                                       derive=lambda _rows: {"table": text}))
         except (OSError, recorded.RecordedError) as err:
             return cli.fail(f"cannot write {path}: {err}")
     print(f"wall time {time.perf_counter() - t0:.1f} s", file=sys.stderr)
