@@ -501,6 +501,16 @@ def register_plot_macros(env) -> None:
         return decode_plot(_url(), gpu)
 
     @env.macro
+    def fleet_plot(kind: str) -> str:
+        """The fleet simulator's autoscalers over the day: ready replicas or requests waiting (labs/results/)."""
+        from labs.fleet.report import FleetResultsError
+
+        try:
+            return plots.fleet_figure(_url(), kind)
+        except (plots.PlotError, FleetResultsError) as err:
+            raise MacroError(str(err)) from None
+
+    @env.macro
     def kv_calculator(model: str = "llama-3.1-8b", gpu: str = "h200", max_model_len: int = 8192) -> str:
         """The in-page KV-cache calculator, with the data files inlined for it."""
         facts = vllm_facts()

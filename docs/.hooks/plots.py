@@ -417,3 +417,34 @@ def server_knee_figure(page_url: str, mode: str, gpu: str) -> str:
     return plotting.lines(f"server-knee-{mode}-{slug}", page_url, series, x_label=x_label,
                           y_label="tok/s, or ms", title=f"{loop}: throughput flattens, latency turns up",
                           caption=caption, log_x=True, log_y=True, marks=marks)
+
+
+# ---------------------------------------------------------------------------
+# Fleet simulator: replicas and queue over the compressed day (labs/results/fleet.json)
+# ---------------------------------------------------------------------------
+
+FLEET_PLOTS = {"replicas": ("ready", "GPUs serving (ready replicas)"), "waiting": ("waiting", "requests waiting (fleet)")}
+
+
+def fleet_figure(page_url: str, kind: str) -> str:
+    """One curve per autoscaler over the day: ready replicas, or the fleet's num_requests_waiting."""
+    from labs.fleet import report
+
+    if kind not in FLEET_PLOTS:
+        raise PlotError(f"fleet plot kind must be one of {', '.join(FLEET_PLOTS)}, got {kind!r}")
+    field, y_label = FLEET_PLOTS[kind]
+    rows = [r for r in report._machine().rows if r.get("section") == "autoscale"]
+    if not rows:
+        raise PlotError("no autoscale rows in labs/results/fleet.json")
+    series = {}
+    for r in rows:
+        s = report.fleet_series(r["name"])
+        series[r["label"]] = (s["t"], s[field])
+    setup = report.fleet_setup("autoscaler")
+    day = report.fleet_setup("day")
+    caption = (f"<strong>Derived</strong> by the fleet simulator (<code>python -m labs.fleet</code>), sampled at each "
+               f"{setup['period_s']:g} s control tick; cold start {setup['cold_start_s']:g} s, scale-down window "
+               f"{setup['stabilization_s']:g} s. The load peaks at t = {day['peak_at_s']:g} s (dashed line).")
+    return plotting.lines(f"fleet-{kind}", page_url, series, x_label="time in the compressed day (s)", y_label=y_label,
+                          title=f"Fleet {y_label} over the day, per autoscaler", caption=caption,
+                          marks=[plotting.Mark("x", day["peak_at_s"], "peak")])

@@ -22,38 +22,56 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections import OrderedDict
 
-from labs.paged_attention.cache import BlockAllocator, BlockTables
+from labs.paged_attention.cache import BlockAllocator, BlockTables, OutOfBlocksError
 from labs.engine.sequence import Sequence
 
 
 class _CachingAllocator(BlockAllocator):
-    """A BlockAllocator whose freed, hashed blocks can be revived until they are reused."""
+    """A BlockAllocator whose freed, hashed blocks can be revived until they are reused.
+
+    The free list is an insertion-ordered dict instead of the parent's deque, so reviving a
+    cached block from the middle of it (`take`) is O(1): with a deque it cost a scan of the
+    whole pool per hit, minutes of CPU for a fleet of 57,000-block pools.
+    """
 
     def __init__(self, num_blocks: int):
         super().__init__(num_blocks)
+        self._free = OrderedDict.fromkeys(range(1, num_blocks))  # front = handed out next
         self.hash_of: dict[int, bytes] = {}  # block -> hash, for blocks holding a full cached block
         self.block_of: dict[bytes, int] = {}  # hash -> block
 
     def allocate(self, n: int) -> list[int]:
-        blocks = super().allocate(n)
+        if n < 0:
+            raise ValueError(f"cannot allocate a negative number of blocks ({n})")
+        if n > len(self._free):
+            raise OutOfBlocksError(f"asked for {n} blocks but only {len(self._free)} are free "
+                                   f"(pool of {self.num_blocks}, block 0 reserved as the null block)")
+        blocks = [self._free.popitem(last=False)[0] for _ in range(n)]
         for b in blocks:  # handing a cached block out again evicts its hash
+            self._refcount[b] = 1
             h = self.hash_of.pop(b, None)
             if h is not None:
                 del self.block_of[h]
         return blocks
 
     def free(self, block_ids) -> None:
+        """Uncached blocks go to the front (reused first); cached ones to the back (evicted last)."""
         for b in block_ids:
-            super().free([b])
-            if self._refcount[b] == 0 and b in self.hash_of:
-                self._free.popleft()  # the parent put it at the front: evict it last instead
-                self._free.append(b)
+            self._check_id(b)
+            if self._refcount[b] == 0:
+                raise ValueError(f"block {b} is already free (double free)")
+            self._refcount[b] -= 1
+            if self._refcount[b] == 0:
+                self._free[b] = None
+                if b not in self.hash_of:
+                    self._free.move_to_end(b, last=False)
 
     def take(self, b: int) -> None:
         """Add a reference to a cached block, taking it off the free list if it was there."""
         if self._refcount[b] == 0:
-            self._free.remove(b)
+            del self._free[b]
             self._refcount[b] = 1
         else:
             self.share([b])

@@ -1,0 +1,5 @@
+import sys
+
+from labs.fleet.cli import main
+
+sys.exit(main())
