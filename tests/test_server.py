@@ -148,6 +148,31 @@ def test_metrics_count_finished_requests(server, client):
     assert after[itl] - before[itl] == 4
 
 
+def test_ttft_is_observed_at_the_first_token_not_at_the_finish():
+    """As vLLM's output processor does: a request still decoding has already counted in the TTFT histogram."""
+    llm = tiny_llm()
+    step = llm.step
+
+    def slow_step():  # 20 ms a step: 200 tokens keep the request running while the test scrapes
+        time.sleep(0.02)
+        return step()
+
+    llm.step = slow_step
+    ttft = 'vllm:time_to_first_token_seconds_count{model_name="tiny-llama",engine="0"}'
+    ok = 'vllm:request_success_total{model_name="tiny-llama",engine="0",finished_reason="length"}'
+    with running(build_app(llm)) as url:
+        body = {"model": MODEL, "prompt": "a" * 8, "max_tokens": 200, "ignore_eos": True, "stream": True}
+        with httpx.Client(timeout=30) as h, h.stream("POST", url + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            next(lines)  # the first token has streamed
+            during = _metrics(url)
+            assert during.get(ttft) == 1 and during.get(ok, 0) == 0
+            for _ in lines:
+                pass
+        after = _metrics(url)
+        assert after[ttft] == 1 and after[ok] == 1  # observed once, not again at the finish
+
+
 def test_api_key_guards_v1_only_and_admission_control():
     llm = tiny_llm(max_num_seqs=1)
     step = llm.step

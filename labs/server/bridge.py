@@ -171,6 +171,10 @@ class EngineThread:
             if n == st.sent and not done:
                 continue
             new = seq.token_ids[seq.num_prompt_tokens + st.sent:]
+            if st.sent == 0 and n and seq.first_token_time is not None:
+                # At the first token, as vLLM's output processor does: a histogram fed at the finish
+                # would lag the queue by a whole request and miss requests still running.
+                self.metrics.observe("vllm:time_to_first_token_seconds", seq.first_token_time - seq.arrival)
             st.sent = n
             if not done:
                 st.post(Event(new))
@@ -190,7 +194,6 @@ class EngineThread:
         m.observe("vllm:request_generation_tokens", seq.num_output)
         times = seq.token_times
         if seq.first_token_time is not None:
-            m.observe("vllm:time_to_first_token_seconds", seq.first_token_time - seq.arrival)
             m.observe("vllm:e2e_request_latency_seconds", (seq.finish_time or now) - seq.arrival)
         for a, b in zip(times, times[1:]):
             m.observe("vllm:inter_token_latency_seconds", b - a)
