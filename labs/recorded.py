@@ -266,6 +266,23 @@ def load_results(path: Path | str) -> Results | None:
     return _parse(path, path.read_text(encoding="utf-8"))
 
 
+def recorded_machine(path: Path | str, gpu: str, *, what: str, command: str, error: type[Exception] = RecordedError,
+                     hint: str = "", count: int = 1, interconnect: str | None = None) -> MachineResults:
+    """One machine's results in `path`, or `error` naming what is missing and the command that records it.
+
+    Every lab's page macros read their file through this, so a page built before its
+    lab was recorded, or naming a GPU that never ran it, fails with the same kind of
+    sentence: the file, the command, and the machines that are recorded.
+    """
+    results = load_results(path)
+    if results is None or not results.machines:
+        raise error(f"no {what} in {shown_path(Path(path))}; record them with `{command}`{hint}")
+    try:
+        return results.machine(gpu, count, interconnect)
+    except RecordedError as err:
+        raise error(f"{what}: {err}") from None
+
+
 def missing(path: Path, command: str) -> str:
     """A Markdown admonition naming the missing file and the command that records it."""
     return (f"!!! warning \"Not recorded yet\"\n    `{shown_path(path)}` does not exist. On a CUDA GPU, "

@@ -370,3 +370,18 @@ def test_a_truncated_results_file_fails_the_build_with_its_name_and_position(fix
     assert result.returncode != 0
     assert "recorded lab results: labs/results/oom.json:" in output and ": not valid JSON" in output, output[-3000:]
     assert "Traceback" not in output and "JSONDecodeError" not in output
+
+
+def test_recorded_machine_names_the_command_when_nothing_is_recorded_and_the_machines_when_one_is_missing(tmp_path):
+    class PageError(ValueError):
+        pass
+
+    path = tmp_path / "lab.json"
+    with pytest.raises(PageError, match=r"no lab rows in .*lab\.json; record them with `python -m labs\.x --record`, or"):
+        recorded.recorded_machine(path, "H200", what="lab rows", command="python -m labs.x --record", error=PageError,
+                                  hint=", or not")
+    recorded.record_rows(path, "lab", recorded.Machine("NVIDIA H200"), [{"name": "a", "ok": True}], ["name"],
+                         {"date": "2026-12-01"})
+    assert recorded.recorded_machine(path, "H200", what="lab rows", command="c").row(name="a")["ok"] is True
+    with pytest.raises(PageError, match=r"lab rows: .*matches no recorded machine; recorded: \['NVIDIA H200'\]"):
+        recorded.recorded_machine(path, "A100", what="lab rows", command="c", error=PageError)

@@ -86,14 +86,8 @@ def _results() -> recorded.Results | None:
 
 
 def _machine(gpu: str) -> recorded.MachineResults:
-    results = _results()
-    if results is None or not results.machines:
-        raise ResultsError(f"no engine results in {recorded.shown_path(RESULTS_PATH)}; record them with "
-                           f"`{RECORD_COMMAND}`, or guard the call with engine_recorded(gpu)")
-    try:
-        return results.machine(gpu)
-    except recorded.RecordedError as err:
-        raise ResultsError(f"engine results: {err}") from None
+    return recorded.recorded_machine(RESULTS_PATH, gpu, what="engine results", command=RECORD_COMMAND,
+                                     error=ResultsError, hint=", or guard the call with engine_recorded(gpu)")
 
 
 def engine_recorded(gpu: str) -> bool:

@@ -37,10 +37,8 @@ class FleetResultsError(ValueError):
 
 
 def _machine() -> recorded.MachineResults:
-    results = recorded.load_results(RESULTS_PATH)
-    if results is None or not results.has(MACHINE):
-        raise FleetResultsError(f"no fleet results in {recorded.shown_path(RESULTS_PATH)}; run `{RECORD_COMMAND}`")
-    return results.machine(MACHINE)
+    return recorded.recorded_machine(RESULTS_PATH, MACHINE, what="fleet results", command=RECORD_COMMAND,
+                                     error=FleetResultsError)
 
 
 def fleet_recorded() -> bool:

@@ -19,10 +19,8 @@ class ReportError(ValueError):
 
 
 def _machine(gpu: str) -> recorded.MachineResults:
-    results = recorded.load_results(RESULTS_FILE)
-    if results is None or not results.machines:
-        raise ReportError(f"no server sweep in {recorded.shown_path(RESULTS_FILE)}; record one with `{RECORD_COMMAND}`")
-    return results.machine(gpu)
+    return recorded.recorded_machine(RESULTS_FILE, gpu, what="server sweep", command=RECORD_COMMAND,
+                                     error=ReportError)
 
 
 def _rows(mode: str, gpu: str) -> list[dict]:

@@ -23,13 +23,7 @@ class ReportError(ValueError):
 
 
 def _machine(path, gpu: str) -> recorded.MachineResults:
-    results = recorded.load_results(path)
-    if results is None or not results.machines:
-        raise ReportError(f"nothing recorded in {recorded.shown_path(path)}; record it with `{COMMANDS[path]}`")
-    try:
-        return results.machine(gpu)
-    except recorded.RecordedError as exc:
-        raise ReportError(str(exc)) from None
+    return recorded.recorded_machine(path, gpu, what="observe results", command=COMMANDS[path], error=ReportError)
 
 
 def _f(v, digits: int = 1) -> str:

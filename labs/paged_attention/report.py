@@ -42,14 +42,8 @@ def _results() -> recorded.Results | None:
 
 
 def _machine(gpu: str) -> recorded.MachineResults:
-    results = _results()
-    if results is None or not results.machines:
-        raise ResultsError(f"no paged attention results in {recorded.shown_path(RESULTS_PATH)}; record them with "
-                           f"`{RECORD_COMMAND}`, or guard the call with paged_attention_recorded(gpu)")
-    try:
-        return results.machine(gpu)
-    except recorded.RecordedError as err:
-        raise ResultsError(f"paged attention results: {err}") from None
+    return recorded.recorded_machine(RESULTS_PATH, gpu, what="paged attention results", command=RECORD_COMMAND,
+                                     error=ResultsError, hint=", or guard the call with paged_attention_recorded(gpu)")
 
 
 def _not_recorded(gpu: str) -> str:
