@@ -99,6 +99,23 @@ def _nav_pages(nav) -> list[str]:
     return out
 
 
+# The one lesson of the fixture sites in test_bank.py and test_bank_cases.py. VERSION is replaced by
+# the facts file's vLLM version; "Real section" is the anchor a case links to.
+FIXTURE_LESSON = """\
+---
+title: Alpha lesson
+description: A lesson for the fixture site.
+order: 10
+verified: {date: 2026-11-29, vllm: VERSION}
+---
+# Alpha lesson
+
+## Real section
+
+Body.
+"""
+
+
 def copy_site(dest: Path) -> Path:
     """The site's machinery, with a stub for each hand-written page of the nav and no lessons or questions.
 

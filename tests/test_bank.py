@@ -19,22 +19,12 @@ import pytest
 pytest.importorskip("mkdocs")
 pytest.importorskip("pydantic")
 
-from site_helpers import ROOT, copy_site, mkdocs_build  # noqa: E402
+from site_helpers import FIXTURE_LESSON, ROOT, copy_site, mkdocs_build  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "docs" / ".hooks"))
 import bank as bank_lib  # noqa: E402
 
-LESSON = textwrap.dedent("""\
-    ---
-    title: Alpha lesson
-    description: A lesson for the fixture site.
-    order: 10
-    verified: {date: 2026-11-29, vllm: VERSION}
-    ---
-    # Alpha lesson
-
-    Body.
-    """)
+LESSON = FIXTURE_LESSON
 
 QUESTION = textwrap.dedent("""\
     title: Why does the fixture question exist at all?
