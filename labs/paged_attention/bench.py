@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         n for n in ALL_CASES if table_of(n) in tables or ("fp8" in tables and n in FP8_OF)]
     knobs = {
         "tile_n": args.tile_n, "num_warps": args.num_warps, "num_stages": args.num_stages,
-        "programs_per_sm": args.programs_per_sm or kernel.RESIDENT_PROGRAMS,
+        "programs_per_sm": args.programs_per_sm,  # None: the kernel's default for the dtype
         "ragged_waves": args.ragged_waves or kernel.RAGGED_WAVES,
     }
 
@@ -445,6 +445,7 @@ def main(argv: list[str] | None = None) -> int:
             "tile_n": knobs["tile_n"] or (kernel.FP8_TILE_N if fp8 else kernel.DEFAULT_TILE_N),
             "num_warps": knobs["num_warps"] or (kernel.FP8_NUM_WARPS if fp8 else kernel.DEFAULT_NUM_WARPS),
             "num_stages": knobs["num_stages"] or (kernel.FP8_NUM_STAGES if fp8 else kernel.DEFAULT_NUM_STAGES),
+            "programs_per_sm": knobs["programs_per_sm"] or (kernel.FP8_RESIDENT_PROGRAMS if fp8 else kernel.RESIDENT_PROGRAMS),
         }
 
     def decode_fn(case: Case, **over):
@@ -460,8 +461,10 @@ def main(argv: list[str] | None = None) -> int:
             targets = (p.q.shape[0] * args.num_splits,) * 2
         else:
             targets = kernel.split_targets(p.q.shape[0], p.k_cache.shape[2], env["sm_count"], p.max_seq_len,
-                                           c["tile_n"], knobs["programs_per_sm"], knobs["ragged_waves"])
-        return kernel.plan_splits(p.lens, targets, c["tile_n"], kernel.MAX_SPLITS if args.num_splits else kernel.SPLIT_CAP)
+                                           c["tile_n"], c["programs_per_sm"], knobs["ragged_waves"])
+        cap = kernel.MAX_SPLITS if args.num_splits else (
+            kernel.FP8_SPLIT_CAP if case.table == "fp8" else kernel.SPLIT_CAP)
+        return kernel.plan_splits(p.lens, targets, c["tile_n"], cap)
 
     cases = build_cases(torch, names, tables)
     if args.profile:

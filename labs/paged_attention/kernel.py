@@ -68,6 +68,36 @@ except ImportError:  # pragma: no cover - older Triton: the flag below stays off
     gdc_launch_dependents = gdc_wait = None
 
 
+# --8<-- [start:e4m3]
+@triton.jit
+def _e4m3_to_f16(x):
+    """float8 e4m3 -> fp16, four values per 32-bit register, in the layout x was loaded in.
+
+    For the V tile. Written as `v.to(tl.float16)`, Triton 3.6 moves the cast into the
+    matrix unit's operand layout, where a register holds two tokens' values of one
+    dimension: two rows of the tile. It then reads V from shared memory a byte at a time
+    (64 `ld.shared.b8` per thread per 64-token tile). Here the tile is converted as it was
+    loaded, 16 bytes of one token per thread, and transposed in 16 bits by `ldmatrix`, as a
+    bf16 tile is. `is_pure=False` is what keeps the compiler from moving it; it also stops
+    the compiler from reading past it when it picks the operand's width (NOTES.md, v5).
+    Every e4m3 value is exact in fp16, so nothing is rounded.
+    """
+    return tl.inline_asm_elementwise(
+        asm="""{
+        .reg .b16 lo, hi;
+        mov.b32 {lo, hi}, $2;
+        cvt.rn.f16x2.e4m3x2 $0, lo;
+        cvt.rn.f16x2.e4m3x2 $1, hi;
+        }""",
+        constraints="=r,=r,r",
+        args=[x],
+        dtype=tl.float16,
+        is_pure=False,
+        pack=4,
+    )
+# --8<-- [end:e4m3]
+
+
 # --8<-- [start:plan]
 @triton.jit
 def _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B_PAD: tl.constexpr,
@@ -139,6 +169,7 @@ def paged_decode_kernel(
     TILE_N: tl.constexpr,  # tokens per loop step, TILE_N // BLOCK_SIZE blocks when BLOCK_SIZE < TILE_N
     SPLIT: tl.constexpr,  # False: one program per (sequence, KV head), no plan, no partials
     FP8: tl.constexpr,  # the cache holds float8 e4m3 with per-tensor scales
+    FP8_PTX: tl.constexpr,  # convert the V tile with inline PTX (the interpreter runs no PTX)
     V_BY_DIM: tl.constexpr,  # V tile loaded as (d, tokens), tokens contiguous, then transposed
     USE_GDC: tl.constexpr,  # let the reduction kernel launch while the last wave runs
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 inputs, so no tf32 rounding
@@ -239,9 +270,17 @@ def paged_decode_kernel(
             v = tl.load(v_cache_ptr + kv_ptrs, mask=kv_mask, other=0.0)
         if FP8:
             # Every e4m3 value is exact in fp16 (3 mantissa bits, exponents -9..8): this
-            # cast rounds nothing. The scales are applied in fp32.
+            # conversion rounds nothing. The scales are applied in fp32.
+            # K is converted by Triton's cast, in the operand layout: for q.K^T the reduction
+            # axis is d, along which K is stored, so each thread's values arrive as 4-byte
+            # loads. V's reduction axis is the tokens, across rows, so V is converted where
+            # it was loaded and transposed in 16 bits (`_e4m3_to_f16` says why). Doing K the
+            # same way was slower: 247.7 against 206.1 us at (64, 4,096) (NOTES.md, v5).
             k = k.to(q.dtype)
-            v = v.to(q.dtype)
+            if FP8_PTX:
+                v = _e4m3_to_f16(v.to(tl.uint8, bitcast=True))
+            else:
+                v = v.to(q.dtype)
         if V_BY_DIM:
             # Slots past the sequence's end in its last block were loaded (the mask is per
             # block) and may hold anything, NaN included: replace them, don't multiply them.
@@ -366,11 +405,15 @@ DEFAULT_NUM_WARPS = 4
 # At 2 stages (best split count each) the same tile ran 5% slower on 2 of the 6 shapes
 # (267.6 vs 254.3 us at B=128, 516.9 vs 490.3 us without GQA) and within 1% on the rest.
 DEFAULT_NUM_STAGES = 3
-# fp8: the same tile of 64 tokens (8 KiB per K or V tile); with the register cap below it
-# fits 4 programs per SM, where tile 128 spills (NOTES.md, v3).
-FP8_TILE_N = 64
-FP8_NUM_WARPS = 4
-FP8_NUM_STAGES = 3
+# fp8: tiles of 32 tokens (4 KiB per K or V tile), 2 warps, 2 stages, 8 programs per SM
+# (128 registers x 64 threads; about 28 KB of shared memory each). With half the bytes
+# per token, a 64-token tile of 4 warps was bound by each program's chain of waits
+# (shared-memory round trips and barriers between its warps), not by bytes: 206.1 us at
+# (64, 4,096), where 32 / 2 / 2 took 187.9 and 32 / 2 / 3 196.6 (NOTES.md, v5).
+FP8_TILE_N = 32
+FP8_NUM_WARPS = 2
+FP8_NUM_STAGES = 2
+FP8_RESIDENT_PROGRAMS = 8
 # Programs of the default configuration that fit on one SM at once: 106-122 registers x
 # 128 threads and 40 KB of shared memory each cap it at 4 (ncu: "Block Limit Registers"
 # 4, "Block Limit Shared Mem" 4). 132 SMs x 4 = 528 slots.
@@ -390,6 +433,11 @@ MAX_SPLITS = 128
 # steps after everything else has finished; 64 splits of 2,048 tokens still fill the
 # GPU with the short sequences beside them (NOTES.md, v3).
 SPLIT_CAP = 64
+# The fp8 tile is half as long (FP8_TILE_N), so the same cap left the 131,072-token
+# sequence of the one-long batch 64 splits of 64 tiles: 166.4 us, against 136.7 at 128
+# splits of 32 tiles; the other ragged batches moved by under 0.2% (NOTES.md, v5).
+# bf16 keeps 64: 128 took it from 176.6 to 185.1 us on the same batch.
+FP8_SPLIT_CAP = 128
 # The split plan holds one lane per sequence in every program.
 MAX_BATCH = 4096
 # Splits the reduction combines per loop step: SPLIT_CAP, so an unforced plan takes one
@@ -535,7 +583,7 @@ def paged_decode(
     tile_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    programs_per_sm: int = RESIDENT_PROGRAMS,
+    programs_per_sm: int | None = None,
     ragged_waves: float = RAGGED_WAVES,
     v_layout: str = "token",
 ) -> torch.Tensor:
@@ -557,7 +605,7 @@ def paged_decode(
     sequence on average, each sequence's share proportional to its length.
     tile_n, num_warps, num_stages: the kernel's tuning knobs (None: the defaults for the
     cache's dtype). programs_per_sm: programs of that configuration that fit on one SM
-    at once. ragged_waves: waves of programs to aim for when lengths differ.
+    at once (None: the default configuration's, per dtype). ragged_waves: waves of programs to aim for when lengths differ.
     v_layout: "token" when v_cache is shaped like k_cache (vLLM's order); "dim" when it is
     (num_blocks, num_kv_heads, head_dim, block_size), as `PagedKVCache(v_layout="dim")`
     stores it (cache.py says why one would, and why it is not the default).
@@ -624,6 +672,7 @@ def paged_decode(
     tile_n = tile_n or (FP8_TILE_N if fp8 else DEFAULT_TILE_N)
     num_warps = num_warps or (FP8_NUM_WARPS if fp8 else DEFAULT_NUM_WARPS)
     num_stages = num_stages or (FP8_NUM_STAGES if fp8 else DEFAULT_NUM_STAGES)
+    programs_per_sm = programs_per_sm or (FP8_RESIDENT_PROGRAMS if fp8 else RESIDENT_PROGRAMS)
     if tile_n < 16 or tile_n & (tile_n - 1):
         raise ValueError(f"tile_n must be a power of 2 and >= 16 (tl.dot's minimum), got {tile_n}")
     if max_seq_len is not None and max_seq_len > block_tables.shape[1] * block_size:
@@ -645,7 +694,7 @@ def paged_decode(
         targets = (batch, batch)  # one split per sequence: the plan is skipped
     else:
         targets = (batch * num_splits, batch * num_splits)
-    split_cap = SPLIT_CAP if num_splits is None else MAX_SPLITS
+    split_cap = (FP8_SPLIT_CAP if fp8 else SPLIT_CAP) if num_splits is None else MAX_SPLITS
     split = max(targets) > batch
     if device.type == "cpu":
         from labs.paged_attention.interpreter_compat import patch_interpreter_index
@@ -691,6 +740,7 @@ def paged_decode(
         TILE_N=tile_n,
         SPLIT=split,
         FP8=fp8,
+        FP8_PTX=fp8 and device.type == "cuda",
         V_BY_DIM=v_layout == "dim",
         USE_GDC=split and use_gdc,
         # fp32 inputs: exact products ("ieee"), not tf32's 10-bit mantissa. 16-bit inputs
