@@ -59,14 +59,14 @@ FP8 V layout. vLLM 0.33 stores an fp8 V pool in the same order as K, and so does
 pool by default. It can also store V the other way round, (num_blocks, num_kv_heads,
 head_dim, block_size) (`v_layout="dim"`). Why one would: the decode kernel's second
 product, P.V, reduces over tokens, and the matrix unit reads its V operand as runs along
-that axis. With V stored token by token, Triton 3.6 transposes each 8-bit V tile in shared
-memory one byte per load (sm_90's `ldmatrix` transposes only 16-bit elements), and that
-made the fp8 kernel bound by instruction issue (NOTES.md, v3). Stored by dimension, one
-block of one head is still one contiguous run (head_dim x block_size bytes), the tile
-arrives in the operand's order, and the byte loads are gone from the compiled code; yet
-on the H200 the kernel took 350 us instead of 226 at (64, 4,096) (NOTES.md, v4), so the
-default stays vLLM's order. A token's write in the "dim" order is num_kv_heads x head_dim
-single-byte stores with a stride of block_size.
+that axis. With V stored token by token, Triton 3.6 transposed each 8-bit V tile in
+shared memory one byte per load (sm_90's `ldmatrix` transposes only 16-bit elements),
+which made the fp8 kernel bound by instruction issue (NOTES.md, v3). Stored by dimension,
+the tile arrives in the operand's order and the byte loads are gone, yet on the H200 the
+kernel took 350 us instead of 226 at (64, 4,096) (NOTES.md, v4). The kernel now converts a
+token-order V tile to fp16 before transposing it (NOTES.md, v5), which removes the byte
+loads without a new layout, so the default stays vLLM's order. A token's write in the
+"dim" order is num_kv_heads x head_dim single-byte stores with a stride of block_size.
 """
 
 from __future__ import annotations
