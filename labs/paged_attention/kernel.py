@@ -406,7 +406,7 @@ DEFAULT_NUM_WARPS = 4
 # (267.6 vs 254.3 us at B=128, 516.9 vs 490.3 us without GQA) and within 1% on the rest.
 DEFAULT_NUM_STAGES = 3
 # fp8: tiles of 32 tokens (4 KiB per K or V tile), 2 warps, 2 stages, 8 programs per SM
-# (128 registers x 64 threads; about 28 KB of shared memory each). With half the bytes
+# (128 registers x 64 threads; 21 KB of shared memory each). With half the bytes
 # per token, a 64-token tile of 4 warps was bound by each program's chain of waits
 # (shared-memory round trips and barriers between its warps), not by bytes: 206.1 us at
 # (64, 4,096), where 32 / 2 / 2 took 187.9 and 32 / 2 / 3 196.6 (NOTES.md, v5).
@@ -605,7 +605,8 @@ def paged_decode(
     sequence on average, each sequence's share proportional to its length.
     tile_n, num_warps, num_stages: the kernel's tuning knobs (None: the defaults for the
     cache's dtype). programs_per_sm: programs of that configuration that fit on one SM
-    at once (None: the default configuration's, per dtype). ragged_waves: waves of programs to aim for when lengths differ.
+    at once (None: the default configuration's, per dtype). ragged_waves: waves of
+    programs to aim for when lengths differ.
     v_layout: "token" when v_cache is shaped like k_cache (vLLM's order); "dim" when it is
     (num_blocks, num_kv_heads, head_dim, block_size), as `PagedKVCache(v_layout="dim")`
     stores it (cache.py says why one would, and why it is not the default).
