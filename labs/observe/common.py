@@ -1,4 +1,5 @@
-"""What the three observe CLIs share: the --out/--record/--machine flags and the write of their rows."""
+"""What the three observe CLIs share: the engine flags and the engine they build, the --out/--record/--machine
+flags and the write of their rows."""
 
 from __future__ import annotations
 
@@ -13,6 +14,41 @@ from labs.recorded import RESULTS_DIR, Machine, RecordedError, record_rows, writ
 SCRAPE_FILE = RESULTS_DIR / "observe_metrics.json"
 PROFILE_FILE = RESULTS_DIR / "observe_profile.json"
 TUNE_FILE = RESULTS_DIR / "observe_tuning.json"
+
+
+def add_engine_flags(p: cli.Parser) -> None:
+    """--model, --tiny, --layers, --device: the engine that profile and tune drive."""
+    p.add_argument("--model", default="llama-3.1-8b", help="a model of labs/data/models.yaml (random weights)")
+    p.add_argument("--tiny", action="store_true", help="a tiny model of --model's recipe (for a CPU)")
+    p.add_argument("--layers", type=cli.bounded_int(1, 1000), help="keep only the first N layers")
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
+
+
+def pick_device(p: cli.Parser, a) -> str:
+    """--device, or cuda when one is visible; refuses --device cuda without a GPU."""
+    import torch
+
+    if a.device == "cuda" and not torch.cuda.is_available():
+        cli.reject(p, "--device", "cuda was asked for and no CUDA GPU is visible")
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        torch.set_num_threads(1)  # a tiny model's steps are slower, not faster, on a shared thread pool
+    return device
+
+
+def open_engine(a, device: str, **engine):
+    """The engine the flags ask for: Triton decode attention and CUDA graphs on a GPU. Raises ConfigError."""
+    from labs.engine.config import ModelConfig
+    from labs.engine.llm import LLM
+    from labs.server.__main__ import TINY
+
+    cfg = ModelConfig.from_spec(a.model).replace(**TINY) if a.tiny else None
+    return LLM(a.model, model_config=cfg, n_layers=a.layers, device=device,
+               decode_attention="triton" if device == "cuda" else "torch", cuda_graphs=device == "cuda", **engine)
+
+
+def model_label(a) -> str:
+    return f"{a.model} (tiny)" if a.tiny else a.model
 
 
 def add_output_flags(p: cli.Parser, results: Path) -> None:

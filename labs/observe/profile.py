@@ -31,10 +31,7 @@ CASES = ("decode, CUDA graphs", "decode, eager", "mixed: prefill chunk + decodes
 
 def parser() -> cli.Parser:
     p = cli.Parser(prog="python -m labs.observe.profile", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="llama-3.1-8b", help="a model of labs/data/models.yaml (random weights)")
-    p.add_argument("--tiny", action="store_true", help="a tiny model of --model's recipe (for a CPU)")
-    p.add_argument("--layers", type=cli.bounded_int(1, 1000), help="keep only the first N layers")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
+    common.add_engine_flags(p)
     p.add_argument("--batch", type=cli.bounded_int(1, 1024), default=32, help="decoding sequences (default: 32)")
     p.add_argument("--context", type=cli.bounded_int(8, 32768, "tokens"), default=1024,
                    help="their prompt length (default: 1024)")
@@ -82,14 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     common.check_output_flags(p, a)
     import torch
 
-    if a.device == "cuda" and not torch.cuda.is_available():
-        cli.reject(p, "--device", "cuda was asked for and no CUDA GPU is visible")
-    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cpu":
-        torch.set_num_threads(1)  # a tiny model's steps are slower, not faster, on a shared thread pool
-    from labs.engine.config import ConfigError, ModelConfig
-    from labs.engine.llm import LLM
-    from labs.server.__main__ import TINY
+    device = common.pick_device(p, a)
+    from labs.engine.config import ConfigError
 
     long_prompt = (a.steps + 3) * a.chunk  # every warm and profiled step of the mixed case gets a full chunk
     max_len = max(a.context + 80, long_prompt + 8)
@@ -97,9 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = dict(max_model_len=max_len, max_num_seqs=a.batch + 1, max_num_batched_tokens=a.chunk,
                   enable_prefix_caching=False, num_blocks=blocks)
     try:
-        cfg = ModelConfig.from_spec(a.model).replace(**TINY) if a.tiny else None
-        llm = LLM(a.model, model_config=cfg, n_layers=a.layers, device=device,
-                  decode_attention="triton" if device == "cuda" else "torch", cuda_graphs=device == "cuda", **engine)
+        llm = common.open_engine(a, device, **engine)
     except ConfigError as exc:
         return cli.fail(str(exc))
     cases = CASES if device == "cuda" else CASES[1:]
@@ -134,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"({time.perf_counter() - t:.1f} s)", flush=True)
             for k in row["top"]:
                 print(f"{'':>34}{k['share']:6.1%}  {k['us_per_step']:9.1f} us  {k['name']}")
-    run = {"date": common.today(), "model": a.model if not a.tiny else f"{a.model} (tiny)", "device": device,
+    run = {"date": common.today(), "model": common.model_label(a), "device": device,
            "torch": torch.__version__, "steps": a.steps, "profiler": "torch.profiler, CPU+CUDA, no stacks or shapes"}
     return common.write(a, "profile", rows, common.PROFILE_FILE, "observe_profile", KEY, run,
                         common.machine_name(a, device))

@@ -47,10 +47,7 @@ def slo_pair(text: str) -> tuple[str, float]:
 
 def parser() -> cli.Parser:
     p = cli.Parser(prog="python -m labs.observe.tune", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="llama-3.1-8b", help="a model of labs/data/models.yaml (random weights)")
-    p.add_argument("--tiny", action="store_true", help="a tiny model of --model's recipe (for a CPU)")
-    p.add_argument("--layers", type=cli.bounded_int(1, 1000), help="keep only the first N layers")
-    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when available")
+    common.add_engine_flags(p)
     p.add_argument("--rate-scale", type=cli.finite_float(0.01, 100), default=1.5,
                    help="offered load as a multiple of the trace's rate (default: %(default)s)")
     p.add_argument("--requests", type=cli.bounded_int(1, 96), default=96, help="the trace's first N requests")
@@ -214,33 +211,20 @@ def main(argv: list[str] | None = None) -> int:
     slo_d = dict(a.slo)
     if sorted(slo_d) != ["tpot", "ttft"]:
         cli.reject(p, "--slo", "give both ttft:MS and tpot:MS")
-    if a.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            cli.reject(p, "--device", "cuda was asked for and no CUDA GPU is visible")
+    device = common.pick_device(p, a)
     slo = diagnose.SLO(slo_d["ttft"], slo_d["tpot"])
-    from labs.engine.config import ConfigError, ModelConfig
-    from labs.engine.llm import LLM
-    from labs.server.__main__ import TINY
+    from labs.engine.config import ConfigError
 
     trace = load_trace(a.requests, a.rate_scale, a.length_scale)
     wanted = a.only or NAMES
     t0 = time.perf_counter()
     try:
-        cfg = ModelConfig.from_spec(a.model).replace(**TINY) if a.tiny else None
-        import torch
-
-        device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if device == "cpu":
-            torch.set_num_threads(1)  # a tiny model's steps are slower, not faster, on a shared thread pool
         first = engine_args(dict(SETTINGS)[wanted[0]], trace)
-        llm = LLM(a.model, model_config=cfg, n_layers=a.layers, device=device,
-                  decode_attention="triton" if device == "cuda" else "torch", cuda_graphs=device == "cuda", **first)
+        llm = common.open_engine(a, device, **first)
     except ConfigError as exc:
         return cli.fail(str(exc))
     rows = []
-    run = {"date": common.today(), "model": a.model if not a.tiny else f"{a.model} (tiny)", "device": device,
+    run = {"date": common.today(), "model": common.model_label(a), "device": device,
            "rate_scale": a.rate_scale, "length_scale": a.length_scale, "requests": len(trace),
            "slo_ms": {"ttft": slo.ttft_ms, "tpot": slo.tpot_ms}, "trace": "labs/data/engine_trace.yaml",
            "max_run_s": a.max_run_s}
