@@ -67,24 +67,32 @@ def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 @triton.jit
+def _rotate(src, dst, cos_row, sin_row, i, HALF: tl.constexpr):
+    """dst = RoPE(src) for one head: halves (x1, x2) -> (x1 c - x2 s, x2 c + x1 s).
+
+    Each product is rounded to dst's dtype before the sum, as the eager x * cos + rotate_half(x) * sin does.
+    """
+    ty = dst.dtype.element_ty
+    x1 = tl.load(src + i).to(tl.float32)
+    x2 = tl.load(src + HALF + i).to(tl.float32)
+    c1 = tl.load(cos_row + i).to(tl.float32)
+    c2 = tl.load(cos_row + HALF + i).to(tl.float32)
+    s1 = tl.load(sin_row + i).to(tl.float32)
+    s2 = tl.load(sin_row + HALF + i).to(tl.float32)
+    o1 = (x1 * c1).to(ty).to(tl.float32) + (-x2 * s1).to(ty).to(tl.float32)
+    o2 = (x2 * c2).to(ty).to(tl.float32) + (x1 * s2).to(ty).to(tl.float32)
+    tl.store(dst + i, o1.to(ty))
+    tl.store(dst + HALF + i, o2.to(ty))
+
+
+@triton.jit
 def _rope_kernel(src_ptr, src_row_stride, src_col0, cos_ptr, sin_ptr, dst_ptr, n_heads,
                  D: tl.constexpr, HALF: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     i = tl.arange(0, HALF)
     src = src_ptr + t * src_row_stride + src_col0 + h * D
-    x1 = tl.load(src + i).to(tl.float32)
-    x2 = tl.load(src + HALF + i).to(tl.float32)
-    c1 = tl.load(cos_ptr + t * D + i).to(tl.float32)
-    c2 = tl.load(cos_ptr + t * D + HALF + i).to(tl.float32)
-    s1 = tl.load(sin_ptr + t * D + i).to(tl.float32)
-    s2 = tl.load(sin_ptr + t * D + HALF + i).to(tl.float32)
-    ty = dst_ptr.dtype.element_ty
-    o1 = (x1 * c1).to(ty).to(tl.float32) + (-x2 * s1).to(ty).to(tl.float32)
-    o2 = (x2 * c2).to(ty).to(tl.float32) + (x1 * s2).to(ty).to(tl.float32)
-    dst = dst_ptr + (t * n_heads + h) * D
-    tl.store(dst + i, o1.to(ty))
-    tl.store(dst + HALF + i, o2.to(ty))
+    _rotate(src, dst_ptr + (t * n_heads + h) * D, cos_ptr + t * D, sin_ptr + t * D, i, HALF)
 
 
 @triton.jit
@@ -94,7 +102,6 @@ def _rope_cache_kernel(src_ptr, src_row_stride, cos_ptr, sin_ptr, q_ptr, kc_ptr,
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     i = tl.arange(0, HALF)
-    ty = q_ptr.dtype.element_ty
     if h < n_heads:
         src = src_ptr + t * src_row_stride + h * D
         dst = q_ptr + (t * n_heads + h) * D
@@ -107,16 +114,7 @@ def _rope_cache_kernel(src_ptr, src_row_stride, cos_ptr, sin_ptr, q_ptr, kc_ptr,
         v_dst = vc_ptr + (slot * n_kv_heads + j) * D
         tl.store(v_dst + i, tl.load(v_src + i))
         tl.store(v_dst + HALF + i, tl.load(v_src + HALF + i))
-    x1 = tl.load(src + i).to(tl.float32)
-    x2 = tl.load(src + HALF + i).to(tl.float32)
-    c1 = tl.load(cos_ptr + t * D + i).to(tl.float32)
-    c2 = tl.load(cos_ptr + t * D + HALF + i).to(tl.float32)
-    s1 = tl.load(sin_ptr + t * D + i).to(tl.float32)
-    s2 = tl.load(sin_ptr + t * D + HALF + i).to(tl.float32)
-    o1 = (x1 * c1).to(ty).to(tl.float32) + (-x2 * s1).to(ty).to(tl.float32)
-    o2 = (x2 * c2).to(ty).to(tl.float32) + (x1 * s2).to(ty).to(tl.float32)
-    tl.store(dst + i, o1.to(ty))
-    tl.store(dst + HALF + i, o2.to(ty))
+    _rotate(src, dst, cos_ptr + t * D, sin_ptr + t * D, i, HALF)
 
 
 # --8<-- [start:rope_and_cache]

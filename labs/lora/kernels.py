@@ -85,13 +85,10 @@ def block_m_for(longest_group: int) -> int:
     return 16 if longest_group <= 16 else 32 if longest_group <= 32 else 64
 
 
-# --8<-- [start:shrink]
 @triton.jit
-def _shrink(x_ptr, a_ptr, z_ptr, order_ptr, tile_slot_ptr, tile_start_ptr, tile_end_ptr,
-            K, R, stride_xm, stride_as, stride_ar, stride_zm, scale, split_k,
-            BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ATOMIC: tl.constexpr):
-    """z[rows] (+)= scale * x[rows] @ A[slot]^T for one tile's rows and one K-slice."""
-    tile, split = tl.program_id(0), tl.program_id(1)
+def _tile(tile, order_ptr, tile_slot_ptr, tile_start_ptr, tile_end_ptr, R, BLOCK_M: tl.constexpr,
+          BLOCK_R: tl.constexpr):
+    """One tile of the plan: its adapter slot, its token rows (and which are real), the rank lanes."""
     slot = tl.load(tile_slot_ptr + tile).to(tl.int64)
     first = tl.load(tile_start_ptr + tile)
     end = tl.load(tile_end_ptr + tile)
@@ -99,7 +96,17 @@ def _shrink(x_ptr, a_ptr, z_ptr, order_ptr, tile_slot_ptr, tile_start_ptr, tile_
     row_ok = at < end
     rows = tl.load(order_ptr + at, mask=row_ok, other=0).to(tl.int64)
     rr = tl.arange(0, BLOCK_R)
-    r_ok = rr < R
+    return slot, rows, row_ok, rr, rr < R
+
+
+# --8<-- [start:shrink]
+@triton.jit
+def _shrink(x_ptr, a_ptr, z_ptr, order_ptr, tile_slot_ptr, tile_start_ptr, tile_end_ptr,
+            K, R, stride_xm, stride_as, stride_ar, stride_zm, scale, split_k,
+            BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, ATOMIC: tl.constexpr):
+    """z[rows] (+)= scale * x[rows] @ A[slot]^T for one tile's rows and one K-slice."""
+    tile, split = tl.program_id(0), tl.program_id(1)
+    slot, rows, row_ok, rr, r_ok = _tile(tile, order_ptr, tile_slot_ptr, tile_start_ptr, tile_end_ptr, R, BLOCK_M, BLOCK_R)
     a_base = a_ptr + slot * stride_as
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     for k0 in range(split * BLOCK_K, K, split_k * BLOCK_K):
@@ -125,14 +132,7 @@ def _expand(z_ptr, b_ptr, y_ptr, order_ptr, tile_slot_ptr, tile_start_ptr, tile_
             BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr):
     """y[rows, cols] += z[rows] @ B[slot, cols]^T for one tile's rows and one block of output columns."""
     tile, pid_n = tl.program_id(0), tl.program_id(1)
-    slot = tl.load(tile_slot_ptr + tile).to(tl.int64)
-    first = tl.load(tile_start_ptr + tile)
-    end = tl.load(tile_end_ptr + tile)
-    at = first + tl.arange(0, BLOCK_M)
-    row_ok = at < end
-    rows = tl.load(order_ptr + at, mask=row_ok, other=0).to(tl.int64)
-    rr = tl.arange(0, BLOCK_R)
-    r_ok = rr < R
+    slot, rows, row_ok, rr, r_ok = _tile(tile, order_ptr, tile_slot_ptr, tile_start_ptr, tile_end_ptr, R, BLOCK_M, BLOCK_R)
     nn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = nn < N
     z = tl.load(z_ptr + rows[:, None] * stride_zm + rr[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
