@@ -440,12 +440,12 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def config(case: Case) -> dict:
-        fp8 = case.table == "fp8"
+        default = kernel.default_config(case.table == "fp8")
         return {
-            "tile_n": knobs["tile_n"] or (kernel.FP8_TILE_N if fp8 else kernel.DEFAULT_TILE_N),
-            "num_warps": knobs["num_warps"] or (kernel.FP8_NUM_WARPS if fp8 else kernel.DEFAULT_NUM_WARPS),
-            "num_stages": knobs["num_stages"] or (kernel.FP8_NUM_STAGES if fp8 else kernel.DEFAULT_NUM_STAGES),
-            "programs_per_sm": knobs["programs_per_sm"] or (kernel.FP8_RESIDENT_PROGRAMS if fp8 else kernel.RESIDENT_PROGRAMS),
+            "tile_n": knobs["tile_n"] or default.tile_n,
+            "num_warps": knobs["num_warps"] or default.num_warps,
+            "num_stages": knobs["num_stages"] or default.num_stages,
+            "programs_per_sm": knobs["programs_per_sm"] or default.programs_per_sm,
         }
 
     def decode_fn(case: Case, **over):
@@ -462,8 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             targets = kernel.split_targets(p.q.shape[0], p.k_cache.shape[2], env["sm_count"], p.max_seq_len,
                                            c["tile_n"], c["programs_per_sm"], knobs["ragged_waves"])
-        cap = kernel.MAX_SPLITS if args.num_splits else (
-            kernel.FP8_SPLIT_CAP if case.table == "fp8" else kernel.SPLIT_CAP)
+        cap = kernel.MAX_SPLITS if args.num_splits else kernel.default_config(case.table == "fp8").split_cap
         return kernel.plan_splits(p.lens, targets, c["tile_n"], cap)
 
     cases = build_cases(torch, names, tables)

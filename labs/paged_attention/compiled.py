@@ -61,6 +61,7 @@ def decode_kernel_ptx(*, fp8: bool = True, split: bool = False, arch: int = 90, 
     from labs.paged_attention import kernel
 
     fn = kernel.paged_decode_kernel
+    config = kernel.default_config(fp8)
     signature, constants, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in ("k_cache_ptr", "v_cache_ptr"):
@@ -79,12 +80,12 @@ def decode_kernel_ptx(*, fp8: bool = True, split: bool = False, arch: int = 90, 
             attrs[(i,)] = [["tt.divisibility", 16]]
     constants.update(
         BLOCK_SIZE=16, HEAD_DIM=128, D_PAD=128, G_PAD=16, B_PAD=64,
-        TILE_N=tile_n or (kernel.FP8_TILE_N if fp8 else kernel.DEFAULT_TILE_N),
+        TILE_N=tile_n or config.tile_n,
         SPLIT=split, FP8=fp8, FP8_PTX=fp8, V_BY_DIM=False, USE_GDC=False, DOT_PRECISION="tf32",
     )
     options = {
-        "num_warps": num_warps or (kernel.FP8_NUM_WARPS if fp8 else kernel.DEFAULT_NUM_WARPS),
-        "num_stages": num_stages or (kernel.FP8_NUM_STAGES if fp8 else kernel.DEFAULT_NUM_STAGES),
+        "num_warps": num_warps or config.num_warps,
+        "num_stages": num_stages or config.num_stages,
         "maxnreg": kernel.MAX_REGISTERS,
     }
     compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),

@@ -49,6 +49,7 @@ Caution:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -438,6 +439,26 @@ SPLIT_CAP = 64
 # splits of 32 tiles; the other ragged batches moved by under 0.2% (NOTES.md, v5).
 # bf16 keeps 64: 128 took it from 176.6 to 185.1 us on the same batch.
 FP8_SPLIT_CAP = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """The kernel's tuning for one cache dtype: what a launch uses when it is not told otherwise."""
+
+    tile_n: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int
+    split_cap: int
+
+
+BF16_CONFIG = Config(DEFAULT_TILE_N, DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES, RESIDENT_PROGRAMS, SPLIT_CAP)
+FP8_CONFIG = Config(FP8_TILE_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_RESIDENT_PROGRAMS, FP8_SPLIT_CAP)
+
+
+def default_config(fp8: bool) -> Config:
+    """FP8_CONFIG for a float8 cache, else BF16_CONFIG (which also serves fp16 and fp32)."""
+    return FP8_CONFIG if fp8 else BF16_CONFIG
 # The split plan holds one lane per sequence in every program.
 MAX_BATCH = 4096
 # Splits the reduction combines per loop step: SPLIT_CAP, so an unforced plan takes one
@@ -670,10 +691,11 @@ def paged_decode(
         raise ValueError("CPU tensors run only under the Triton interpreter: set TRITON_INTERPRET=1 before importing triton")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or (v_layout == "token" and v_cache.stride(-1) != 1) or block_tables.stride(-1) != 1 or seq_lens.stride(0) != 1:
         raise ValueError("q, k_cache, block_tables and seq_lens must be contiguous along their last axis")
-    tile_n = tile_n or (FP8_TILE_N if fp8 else DEFAULT_TILE_N)
-    num_warps = num_warps or (FP8_NUM_WARPS if fp8 else DEFAULT_NUM_WARPS)
-    num_stages = num_stages or (FP8_NUM_STAGES if fp8 else DEFAULT_NUM_STAGES)
-    programs_per_sm = programs_per_sm or (FP8_RESIDENT_PROGRAMS if fp8 else RESIDENT_PROGRAMS)
+    config = default_config(fp8)
+    tile_n = tile_n or config.tile_n
+    num_warps = num_warps or config.num_warps
+    num_stages = num_stages or config.num_stages
+    programs_per_sm = programs_per_sm or config.programs_per_sm
     if tile_n < 16 or tile_n & (tile_n - 1):
         raise ValueError(f"tile_n must be a power of 2 and >= 16 (tl.dot's minimum), got {tile_n}")
     if max_seq_len is not None and max_seq_len > block_tables.shape[1] * block_size:
@@ -695,7 +717,7 @@ def paged_decode(
         targets = (batch, batch)  # one split per sequence: the plan is skipped
     else:
         targets = (batch * num_splits, batch * num_splits)
-    split_cap = (FP8_SPLIT_CAP if fp8 else SPLIT_CAP) if num_splits is None else MAX_SPLITS
+    split_cap = config.split_cap if num_splits is None else MAX_SPLITS
     split = max(targets) > batch
     if device.type == "cpu":
         from labs.paged_attention.interpreter_compat import patch_interpreter_index
