@@ -81,9 +81,11 @@ JSON written by --out (DIR/paged_attention.json, this run only):
             "q_heads", "kv_heads", "dtype", "kv_dtype": "float8_e4m3fn",
             "v_layout": "token" | "dim",         # the V pool's order (cache.py)
             "k_scale": float, "v_scale": float,
+            "kernel": "cuda" | "triton",         # which fp8 kernel the launcher chose (kernel.resolve_backend)
             "tile_n", "num_warps", "num_stages", "kv_bytes", "floor_us", "time_us", "rerun_spread",
             "tb_s", "copy_fraction",
             "bf16_time_us": float, "speedup_vs_bf16": float,   # bf16 time / fp8 time
+            "triton_time_us": float, "triton_speedup_vs_bf16": float,  # the Triton fp8 kernel, same data
             "rel_err": float,                    # vs fp32 attention on the dequantised cache
             "quant_rel_err": float,              # vs fp32 attention on the unquantised values
             "bf16_rel_err": float                # the bf16 kernel's, for comparison
@@ -439,8 +441,13 @@ def main(argv: list[str] | None = None) -> int:
         "ragged_waves": args.ragged_waves or kernel.RAGGED_WAVES,
     }
 
-    def config(case: Case) -> dict:
-        default = kernel.default_config(case.table == "fp8")
+    def backend(case: Case) -> str:
+        p = case.problem
+        return kernel.resolve_backend(p.q, p.k_cache, p.v_layout,
+                                      triton_knobs=bool(knobs["tile_n"] or knobs["num_warps"] or knobs["num_stages"]))
+
+    def config(case: Case, used: str | None = None) -> dict:
+        default = kernel.default_config(case.table == "fp8", used or backend(case))
         return {
             "tile_n": knobs["tile_n"] or default.tile_n,
             "num_warps": knobs["num_warps"] or default.num_warps,
@@ -448,9 +455,12 @@ def main(argv: list[str] | None = None) -> int:
             "programs_per_sm": knobs["programs_per_sm"] or default.programs_per_sm,
         }
 
-    def decode_fn(case: Case, **over):
-        p = case.problem
-        kw = {**knobs, **config(case), "num_splits": args.num_splits, **over}
+    def decode_fn(case: Case, used: str | None = None):
+        """The launch for one case, on the kernel the launcher picks (or `used`); a Triton
+        launch names its configuration, which a CUDA one must not (a knob means Triton)."""
+        p, used = case.problem, used or backend(case)
+        named = {} if used == "cuda" else config(case, used)
+        kw = {**knobs, **named, "num_splits": args.num_splits, "backend": used}
         return lambda: kernel.paged_decode(
             p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, max_seq_len=p.max_seq_len,
             **p.kernel_kwargs(), **kw)
@@ -462,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             targets = kernel.split_targets(p.q.shape[0], p.k_cache.shape[2], env["sm_count"], p.max_seq_len,
                                            c["tile_n"], c["programs_per_sm"], knobs["ragged_waves"])
-        cap = kernel.MAX_SPLITS if args.num_splits else kernel.default_config(case.table == "fp8").split_cap
+        cap = kernel.MAX_SPLITS if args.num_splits else kernel.default_config(case.table == "fp8", backend(case)).split_cap
         return kernel.plan_splits(p.lens, targets, c["tile_n"], cap)
 
     cases = build_cases(torch, names, tables)
@@ -586,12 +596,17 @@ def main(argv: list[str] | None = None) -> int:
             print(format_ragged_row(row))
         else:
             base = bf16_times[case.of]
+            used = backend(case)
+            # The Triton fp8 kernel on the same data, for the page's comparison of the two.
+            t_triton = t1 if used == "triton" else time_us(decode_fn(case, "triton"))
             row = {
                 "shape": case.name, "of": case.of, "kind": table_of(case.of), "batch": len(p.lens),
                 "context_len": p.max_seq_len, "q_heads": s.q_heads, "kv_heads": s.kv_heads,
                 "dtype": "bfloat16", "kv_dtype": "float8_e4m3fn", "v_layout": p.v_layout,
-                "k_scale": float(f"{p.k_scale.item():.4g}"), "v_scale": float(f"{p.v_scale.item():.4g}"), **common,
+                "k_scale": float(f"{p.k_scale.item():.4g}"), "v_scale": float(f"{p.v_scale.item():.4g}"),
+                "kernel": used, **common,
                 "bf16_time_us": round(base, 2), "speedup_vs_bf16": round(base / t1, 3),
+                "triton_time_us": round(t_triton, 2), "triton_speedup_vs_bf16": round(base / t_triton, 3),
                 "rel_err": float(f"{case.errors['rel_err']:.3g}"),
                 "quant_rel_err": float(f"{case.errors['quant_rel_err']:.3g}"),
                 "bf16_rel_err": float(f"{cases[case.of].errors['rel_err']:.3g}"),
@@ -640,8 +655,8 @@ TABLE_HEADER = (f"{'shape':<16} {'splits':>6} {'time us':>9} {'floor us':>9} {'T
                 f"{'SDPA us':>8} {'vs SDPA':>8} {'spread':>7}")
 RAGGED_HEADER = (f"{'ragged':<18} {'B':>4} {'tokens':>8} {'max':>7} {'splits':>6} {'time us':>9} "
                  f"{'floor us':>9} {'TB/s':>6} {'of copy':>8} {'spread':>7}")
-FP8_HEADER = (f"{'fp8':<22} {'time us':>9} {'TB/s':>6} {'of copy':>8} {'bf16 us':>9} {'speedup':>8} "
-              f"{'err deq':>8} {'err fp32':>8} {'bf16 err':>8}")
+FP8_HEADER = (f"{'fp8':<22} {'kernel':>6} {'time us':>9} {'TB/s':>6} {'of copy':>8} {'bf16 us':>9} {'speedup':>8} "
+              f"{'triton us':>9} {'speedup':>8} {'err deq':>8} {'err fp32':>8} {'bf16 err':>8}")
 
 
 def format_row(row: dict) -> str:
@@ -660,9 +675,13 @@ def format_ragged_row(row: dict) -> str:
 
 
 def format_fp8_row(row: dict) -> str:
-    return (f"{row['shape']:<22} {row['time_us']:>9.1f} {row['tb_s']:>6.2f} {row['copy_fraction']:>8.3f} "
-            f"{row['bf16_time_us']:>9.1f} {row['speedup_vs_bf16']:>8.3f} {row['rel_err']:>8.2e} "
-            f"{row['quant_rel_err']:>8.2e} {row['bf16_rel_err']:>8.2e}")
+    # Rows recorded before the CUDA kernel existed have no "kernel": they are the Triton kernel's.
+    kernel = row.get("kernel", "triton")
+    triton_us = row.get("triton_time_us", row["time_us"])
+    triton_x = row.get("triton_speedup_vs_bf16", row["speedup_vs_bf16"])
+    return (f"{row['shape']:<22} {kernel:>6} {row['time_us']:>9.1f} {row['tb_s']:>6.2f} {row['copy_fraction']:>8.3f} "
+            f"{row['bf16_time_us']:>9.1f} {row['speedup_vs_bf16']:>8.3f} {triton_us:>9.1f} {triton_x:>8.3f} "
+            f"{row['rel_err']:>8.2e} {row['quant_rel_err']:>8.2e} {row['bf16_rel_err']:>8.2e}")
 
 
 def format_table(rows: list[dict]) -> str:

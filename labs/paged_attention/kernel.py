@@ -456,8 +456,18 @@ BF16_CONFIG = Config(DEFAULT_TILE_N, DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES, RESI
 FP8_CONFIG = Config(FP8_TILE_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_RESIDENT_PROGRAMS, FP8_SPLIT_CAP)
 
 
-def default_config(fp8: bool) -> Config:
-    """FP8_CONFIG for a float8 cache, else BF16_CONFIG (which also serves fp16 and fp32)."""
+# The CUDA fp8 kernel (fp8_decode.py): its split plan works in 64-token units, and 4
+# programs of 4 warps fit on an SM. Stages do not apply (it loads into registers).
+CUDA_FP8_CONFIG = Config(64, 4, 1, 4, SPLIT_CAP)
+# Which kernel serves an fp8 cache: "auto" takes the CUDA one wherever it applies.
+BACKENDS = ("auto", "triton", "cuda")
+
+
+def default_config(fp8: bool, backend: str = "triton") -> Config:
+    """The tuning a launch uses: the CUDA kernel's for backend "cuda", else FP8_CONFIG for a
+    float8 cache and BF16_CONFIG otherwise (which also serves fp16 and fp32)."""
+    if backend == "cuda":
+        return CUDA_FP8_CONFIG
     return FP8_CONFIG if fp8 else BF16_CONFIG
 # The split plan holds one lane per sequence in every program.
 MAX_BATCH = 4096
@@ -567,6 +577,28 @@ def plan_splits(lens: list[int], targets: tuple[int, int], tile_n: int, split_ca
 # --8<-- [end:heuristics]
 
 
+def resolve_backend(q: torch.Tensor, k_cache: torch.Tensor, v_layout: str = "token", backend: str = "auto",
+                    triton_knobs: bool = False) -> str:
+    """The kernel a call runs: "cuda" (fp8_decode.py) or "triton" (this file).
+
+    "auto" takes the CUDA kernel for an fp8 cache wherever it applies, unless a Triton knob
+    was given; "cuda" is an error where it does not apply, with the reason.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    fp8 = k_cache.dtype == FP8_DTYPE
+    if backend == "cuda" and not fp8:
+        raise ValueError(f"backend='cuda' serves an fp8 cache only; this one is {k_cache.dtype}")
+    if not fp8 or backend == "triton" or (backend == "auto" and triton_knobs):
+        return "triton"
+    from labs.paged_attention import fp8_decode
+
+    why_not = fp8_decode.unsupported_reason(q, k_cache, q.shape[1] // k_cache.shape[2], v_layout)
+    if why_not and backend == "cuda":
+        raise ValueError(f"backend='cuda' cannot take this call: {why_not}")
+    return "triton" if why_not else "cuda"
+
+
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -607,6 +639,7 @@ def paged_decode(
     programs_per_sm: int | None = None,
     ragged_waves: float = RAGGED_WAVES,
     v_layout: str = "token",
+    backend: str = "auto",
 ) -> torch.Tensor:
     """Decode attention over a paged KV cache; returns (B, Hq, d) in q's dtype.
 
@@ -631,6 +664,10 @@ def paged_decode(
     v_layout: "token" when v_cache is shaped like k_cache (vLLM's order); "dim" when it is
     (num_blocks, num_kv_heads, head_dim, block_size), as `PagedKVCache(v_layout="dim")`
     stores it (cache.py says why one would, and why it is not the default).
+    backend: for an fp8 cache, "cuda" runs the CUDA kernel (fp8_decode.py; an error if it
+    cannot take the call), "triton" this file's kernel, "auto" the CUDA one wherever it
+    applies and no Triton knob (tile_n, num_warps, num_stages) was given. Other dtypes
+    always run the Triton kernel.
     """
     # (1) Checks
     if q.dim() != 3:
@@ -674,6 +711,7 @@ def paged_decode(
                 raise ValueError(f"an fp8 cache needs {name}: a one-element float32 tensor on {q.device}")
     elif k_scale is not None or v_scale is not None:
         raise ValueError(f"k_scale and v_scale apply only to an fp8 cache; this one is {k_cache.dtype}")
+    backend = resolve_backend(q, k_cache, v_layout, backend, triton_knobs=bool(tile_n or num_warps or num_stages))
     if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         raise ValueError(f"block_tables and seq_lens must be int32, got {block_tables.dtype} and {seq_lens.dtype}")
     if block_tables.dim() != 2 or block_tables.shape[0] != batch or tuple(seq_lens.shape) != (batch,):
@@ -691,7 +729,7 @@ def paged_decode(
         raise ValueError("CPU tensors run only under the Triton interpreter: set TRITON_INTERPRET=1 before importing triton")
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or (v_layout == "token" and v_cache.stride(-1) != 1) or block_tables.stride(-1) != 1 or seq_lens.stride(0) != 1:
         raise ValueError("q, k_cache, block_tables and seq_lens must be contiguous along their last axis")
-    config = default_config(fp8)
+    config = default_config(fp8, backend)
     tile_n = tile_n or config.tile_n
     num_warps = num_warps or config.num_warps
     num_stages = num_stages or config.num_stages
@@ -744,35 +782,42 @@ def paged_decode(
     scales = (k_scale, v_scale) if fp8 else (seq_lens, seq_lens)  # unused pointers when not FP8
 
     # (3) Launches
-    compile_options = {} if device.type == "cpu" else {"maxnreg": MAX_REGISTERS}
-    paged_decode_kernel[(num_kv_heads, items)](
-        q, k_cache, v_cache, block_tables, seq_lens, *scales, out, part_out, part_lse,
-        batch, group_size, targets[0], targets[1], split_cap, scale * math.log2(math.e),
-        q.stride(0), q.stride(1),
-        k_cache.stride(0),  # assumes (num_blocks, BLOCK_SIZE, H_KV, D)
-        k_cache.stride(1),
-        k_cache.stride(2),
-        *v_by_token.stride(),
-        block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        BLOCK_SIZE=block_size,
-        HEAD_DIM=head_dim,
-        D_PAD=d_pad,
-        G_PAD=g_pad,
-        B_PAD=b_pad,
-        TILE_N=tile_n,
-        SPLIT=split,
-        FP8=fp8,
-        FP8_PTX=fp8 and device.type == "cuda",
-        V_BY_DIM=v_layout == "dim",
-        USE_GDC=split and use_gdc,
-        # fp32 inputs: exact products ("ieee"), not tf32's 10-bit mantissa. 16-bit inputs
-        # ignore the setting.
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=num_warps,
-        num_stages=num_stages,
-        **compile_options,
-    )
+    if backend == "cuda":
+        from labs.paged_attention import fp8_decode
+
+        fp8_decode.launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, part_out, part_lse,
+                          items=items, group_size=group_size, targets=targets, split_cap=split_cap,
+                          qk_scale=scale * math.log2(math.e), split=split)
+    else:
+        compile_options = {} if device.type == "cpu" else {"maxnreg": MAX_REGISTERS}
+        paged_decode_kernel[(num_kv_heads, items)](
+            q, k_cache, v_cache, block_tables, seq_lens, *scales, out, part_out, part_lse,
+            batch, group_size, targets[0], targets[1], split_cap, scale * math.log2(math.e),
+            q.stride(0), q.stride(1),
+            k_cache.stride(0),  # assumes (num_blocks, BLOCK_SIZE, H_KV, D)
+            k_cache.stride(1),
+            k_cache.stride(2),
+            *v_by_token.stride(),
+            block_tables.stride(0),
+            out.stride(0), out.stride(1),
+            BLOCK_SIZE=block_size,
+            HEAD_DIM=head_dim,
+            D_PAD=d_pad,
+            G_PAD=g_pad,
+            B_PAD=b_pad,
+            TILE_N=tile_n,
+            SPLIT=split,
+            FP8=fp8,
+            FP8_PTX=fp8 and device.type == "cuda",
+            V_BY_DIM=v_layout == "dim",
+            USE_GDC=split and use_gdc,
+            # fp32 inputs: exact products ("ieee"), not tf32's 10-bit mantissa. 16-bit inputs
+            # ignore the setting.
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            num_warps=num_warps,
+            num_stages=num_stages,
+            **compile_options,
+        )
     if split:
         args = (part_out, part_lse, out, seq_lens, batch, targets[0], targets[1], split_cap,
                 out.stride(0), out.stride(1))

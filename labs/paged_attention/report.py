@@ -216,24 +216,32 @@ def paged_attention_fp8_table(gpu: str) -> str:
     m, rows, note = _table_or_note(gpu, "fp8")
     if note:
         return note
+    both = all("triton_time_us" in r and r.get("kernel") == "cuda" for r in rows)
+    triton_head, triton_rule = (" | Triton (µs) | Triton speedup", " ---: | ---: |") if both else ("", "")
     lines = [
-        "| Case | Same data as | Time (µs) | KV read (MiB) | Achieved (TB/s) | Of copy | bf16 (µs) | Speedup "
-        "| Error vs dequantised | Error vs unquantised | bf16 error |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| Case | Same data as | Time (µs) | KV read (MiB) | Achieved (TB/s) | Of copy | bf16 (µs) | Speedup"
+        f"{triton_head} | Error vs dequantised | Error vs unquantised | bf16 error |",
+        f"| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |{triton_rule} ---: | ---: | ---: |",
     ]
     for r in rows:
+        triton = f" | {r['triton_time_us']:,.1f} | {r['triton_speedup_vs_bf16']:.2f}×" if both else ""
         lines.append(
             f"| `{r['shape']}` | `{r['of']}` | {r['time_us']:,.1f} | {r['kv_bytes'] / 2**20:,.0f} "
             f"| {r['tb_s']:.2f} | {r['copy_fraction']:.3f} | {r['bf16_time_us']:,.1f} "
-            f"| {r['speedup_vs_bf16']:.2f}× | {r['rel_err']:.1e} | {r['quant_rel_err']:.1e} "
+            f"| {r['speedup_vs_bf16']:.2f}×{triton} | {r['rel_err']:.1e} | {r['quant_rel_err']:.1e} "
             f"| {r['bf16_rel_err']:.1e} |"
         )
     layouts = {r.get("v_layout", "token") for r in rows}
     order = ("V stored by dimension, (blocks, heads, head_dim, block_size), not in vLLM's order"
              if layouts == {"dim"} else "V stored like K, in vLLM's order" if layouts == {"token"}
              else "V stored in either order (see the rows)")
+    if rows[0].get("kernel") == "cuda":
+        config = ("the CUDA kernel (`fp8_decode.cu`), 4 warps per program, splits in units of "
+                  f"{rows[0]['tile_n']} tokens; Triton is the Triton fp8 kernel on the same data")
+    else:
+        config = f"tile {rows[0]['tile_n']} tokens, {rows[0]['num_warps']} warps, {rows[0]['num_stages']} stages"
     return (_intro(m, rows) + f" K and V stored as float8 e4m3 with one fp32 scale each ({order}), queries bf16; "
-            f"tile {rows[0]['tile_n']} tokens, {rows[0]['num_warps']} warps, {rows[0]['num_stages']} stages. "
+            f"{config}. "
             "Errors are ‖out − ref‖ / ‖ref‖ against fp32 attention on the dequantised cache (the kernel's "
             "own) and on the values before quantisation (what e4m3 costs).\n\n" + "\n".join(lines) + "\n")
 

@@ -1,0 +1,506 @@
+// Paged decode attention over a float8 e4m3 KV cache, in CUDA C++ with the matrix unit's
+// register fragments written out by hand. fp8_decode.py compiles it with NVRTC and says
+// why it exists beside the Triton kernel; kernel.py holds the maths and the split plan this
+// file repeats.
+//
+// Defined by the compiler's command line: BLOCK_SIZE (tokens per KV block), STRIDE_CT (bytes
+// between a block's tokens: num_kv_heads x 128 for a contiguous pool), SPLIT (0: one
+// program per (sequence, KV head); 1: the split plan), Q_BF16 (queries and output in bf16,
+// else fp16), CHUNK (tokens a warp takes per step: 16 or 32), MIN_BLOCKS (programs per SM
+// the register budget is cut for). Fixed here: head_dim 128, at most 8 query heads per KV
+// head, 4 warps per program.
+//
+// The idea. One warp computes S^T = K Q^T and O^T = V^T P^T with mma.m16n8k16 (fp16 in,
+// fp32 out): the 16 rows of each product are tokens or head dimensions, and the 8 columns
+// are the group's query heads. Each thread loads its own K and V bytes from global memory
+// straight into registers and converts them there; nothing goes through shared memory
+// until the warps combine their results at the end, so there is no barrier in the loop.
+//
+// Both products sum over an axis whose order is ours to choose, as long as both operands
+// use the same order. That freedom is what lets every load be 16 contiguous bytes:
+// * q.K^T sums over head dimensions. Thread (r = lane / 4, c = lane % 4) holds dimensions
+//   16c..16c+15 and 64+16c..64+16c+15 of its tokens (rows r and r+8 of a 16-token tile),
+//   and k-step ks of the product uses the 4 bytes at word ks of those 32. Q is loaded in the
+//   same order, once.
+// * P.V sums over tokens, and V is stored token by token, so the two tokens a register pairs
+//   for one dimension sit a token stride apart. Thread (r, c) loads 16 bytes (dimensions 16r..16r+15) of
+//   tokens 2c, 2c+1, 2c+8, 2c+9 and pairs the same byte of two tokens with one byte permute
+//   (prmt) before converting: an in-register transpose. The 8 output tiles of O^T are
+//   numbered so that row r of tile i is dimension 16r + 2i and row r+8 is 16r + 2i + 1.
+// * P leaves the first product with tokens on rows and queries on columns; the second needs
+//   it the other way round. movmatrix transposes each 8x8 fp16 block across the warp.
+//
+// What sets the speed is instructions per byte, not the loads in flight (NOTES.md, v6): with
+// the address of every load worked out per token, the loop took 535 instructions per 16
+// tokens and ran no faster than the Triton kernel. A 16-token tile lies in one KV block, so
+// here each tile costs one block-table entry and one 64-bit product, and the 8 loads are
+// fixed offsets (immediates) from two pointers: 273 instructions in the loop's code, the
+// last-chunk masking and the rescale included (most chunks skip both), of which 66 convert
+// e4m3 to fp16 and 16 are the products. Prefetching the next chunk into registers,
+// a per-warp ring of asynchronous copies in shared memory, and a fifth program per SM
+// (queries in shared memory to free registers) were each slower.
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef long long i64;
+
+#define WARPS 4
+#define THREADS (WARPS * 32)
+#define HEAD_DIM 128
+#define GROUP_MAX 8
+#define TILE 64  // the split plan's unit: every split starts on a multiple of 64 tokens
+#define MT (CHUNK / 16)  // 16-token tiles per warp step
+#define NEG_INF __int_as_float(0xff800000u)
+
+struct alignas(16) Vec16 {
+  u32 w[4];
+};
+
+__device__ __forceinline__ u32 e4m3x2_to_f16x2(u32 pair) {
+  u32 out;
+  u16 in = (u16)pair;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(out) : "h"(in));
+  return out;
+}
+
+// The same for the high 16 bits of the word, taken as a half-register (no shift).
+__device__ __forceinline__ u32 e4m3x2_hi_to_f16x2(u32 pair) {
+  u32 out;
+  asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2.e4m3x2 %0, hi; }" : "=r"(out) : "r"(pair));
+  return out;
+}
+
+__device__ __forceinline__ u32 byte_perm(u32 a, u32 b, u32 selector) {
+  u32 out;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(a), "r"(b), "r"(selector));
+  return out;
+}
+
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+  u32 out;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
+}
+
+__device__ __forceinline__ u32 transpose_8x8(u32 x) {
+  u32 out;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(out) : "r"(x));
+  return out;
+}
+
+__device__ __forceinline__ float exp2_approx(float x) {
+  float out;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(out) : "f"(x));
+  return out;
+}
+
+// d += a (16x16, row-major fragment) * b (16x8, column-major fragment), fp16 in, fp32 out.
+__device__ __forceinline__ void mma_16816(float* d, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// A pair of 16-bit queries, as fp16 whatever they are stored as.
+__device__ __forceinline__ u32 q_pair_f16(u32 w) {
+#if Q_BF16
+  return pack_f16x2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+#else
+  return w;
+#endif
+}
+
+__device__ __forceinline__ u16 to_output(float x) {
+  u16 out;
+#if Q_BF16
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(out) : "f"(x));
+#else
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(out) : "f"(x));
+#endif
+  return out;
+}
+
+__device__ __forceinline__ float warp_max_over_rows(float x) {
+  // Lanes 4r + c for r = 0..7 hold the same query column c: reduce across r.
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+}
+
+__device__ __forceinline__ float warp_sum_over_rows(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
+}
+
+#if SPLIT
+// kernel.py's _split_plan, the same integer arithmetic: both kernels and the Triton
+// reduction must agree on every sequence's split count without storing it.
+__device__ __forceinline__ int splits_of(i64 len, i64 target, i64 total, int split_cap) {
+  i64 tiles = (len + TILE - 1) / TILE;
+  i64 n = (len * target + total - 1) / total;
+  n = n < tiles ? n : tiles;
+  n = n < split_cap ? n : split_cap;
+  return (int)(n > 1 ? n : 1);
+}
+
+// What every item lookup needs, computed once per program: the plan's target and total,
+// and this thread's contiguous run of sequences with the splits before it.
+struct Plan {
+  i64 target, total;
+  int b0, b1;    // this thread's sequences
+  int excl;      // splits of all sequences before b0
+  int count;     // splits of b0..b1-1
+  int items;     // splits in the whole plan: items at or past this have no work
+};
+
+__device__ Plan make_plan(const int* __restrict__ seq_lens, int batch, int target_uniform, int target_ragged,
+                          int split_cap) {
+  __shared__ i64 warp_sum[WARPS];
+  __shared__ int warp_max[WARPS], warp_min[WARPS], warp_count[WARPS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  Plan plan;
+
+  i64 sum = 0;
+  int longest = 0, shortest = 0x7fffffff;
+  for (int b = tid; b < batch; b += THREADS) {
+    int len = seq_lens[b];
+    sum += len;
+    longest = max(longest, len);
+    shortest = min(shortest, len);
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, o));
+    shortest = min(shortest, __shfl_xor_sync(0xffffffffu, shortest, o));
+  }
+  if (lane == 0) {
+    warp_sum[warp] = sum;
+    warp_max[warp] = longest;
+    warp_min[warp] = shortest;
+  }
+  __syncthreads();
+  sum = 0;
+  longest = 0;
+  shortest = 0x7fffffff;
+  for (int w = 0; w < WARPS; ++w) {
+    sum += warp_sum[w];
+    longest = max(longest, warp_max[w]);
+    shortest = min(shortest, warp_min[w]);
+  }
+  plan.total = sum > 1 ? sum : 1;
+  plan.target = longest == shortest ? target_uniform : target_ragged;
+
+  // Each thread owns a contiguous run of sequences; an exclusive scan of the runs' split
+  // counts tells which thread's run holds an item.
+  const int per = (batch + THREADS - 1) / THREADS;
+  plan.b0 = min(tid * per, batch);
+  plan.b1 = min(plan.b0 + per, batch);
+  plan.count = 0;
+  for (int b = plan.b0; b < plan.b1; ++b) plan.count += splits_of(seq_lens[b], plan.target, plan.total, split_cap);
+  int incl = plan.count;
+  for (int o = 1; o < 32; o <<= 1) {
+    int up = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += up;
+  }
+  if (lane == 31) warp_count[warp] = incl;
+  __syncthreads();
+  plan.excl = incl - plan.count;
+  plan.items = 0;
+  for (int w = 0; w < WARPS; ++w) {
+    if (w < warp) plan.excl += warp_count[w];
+    plan.items += warp_count[w];
+  }
+  return plan;
+}
+
+// The (sequence, token range) of work item `item` < plan.items.
+__device__ void find_split(const Plan& plan, int item, const int* __restrict__ seq_lens, int split_cap, int& seq,
+                           int& start, int& end, bool& direct) {
+  __shared__ int found[4];
+  if (item >= plan.excl && item < plan.excl + plan.count) {
+    int first = plan.excl;
+    for (int b = plan.b0; b < plan.b1; ++b) {
+      int len = seq_lens[b];
+      int n = splits_of(len, plan.target, plan.total, split_cap);
+      if (item < first + n) {
+        int split = item - first;
+        i64 tiles = (len + TILE - 1) / TILE;
+        i64 lo = (split * tiles / n) * TILE, hi = ((split + 1) * tiles / n) * TILE;
+        found[0] = b;
+        found[1] = (int)lo;
+        found[2] = (int)(hi < len ? hi : len);
+        found[3] = n == 1;
+        break;
+      }
+      first += n;
+    }
+  }
+  __syncthreads();
+  seq = found[0];
+  start = found[1];
+  end = found[2];
+  direct = found[3];
+}
+#endif
+
+// A warp's running softmax over its tokens: O^T tiles, and the max and sum per query column.
+struct Softmax {
+  float acc[8][4];  // O^T tile i: rows 16r+2i (regs 0, 1) and 16r+2i+1 (2, 3); columns 2c, 2c+1
+  float m0, m1;     // running max of queries 2c and 2c+1 (the same in every lane of a column)
+  float l0, l1;     // this thread's share of the running sums
+};
+
+// A thread's 8 loads per 16-token tile: K of tile rows r and r+8, dimensions 16c.. and 64+16c..
+// (slots 0-3), and V of tile rows 2c, 2c+1, 2c+8, 2c+9, dimensions 16r.. (slots 4-7).
+__device__ __forceinline__ int slot_token(int j, int r, int c) {
+  return j < 4 ? r + 8 * (j >> 1) : 2 * c + (j & 1) + 8 * ((j - 4) >> 1);
+}
+
+__device__ __forceinline__ int slot_dim(int j, int r, int c) {
+  return j < 4 ? ((j & 1) ? 64 + 16 * c : 16 * c) : 16 * r;
+}
+
+// Where one KV head's rows are, and where a thread's first K and V bytes sit in a tile.
+struct Rows {
+  const unsigned char* k_head;
+  const unsigned char* v_head;
+  const int* table_row;
+  int end;
+  i64 stride_cb;
+  int k_off, v_off;  // row r, dimension 16c; row 2c, dimension 16r
+};
+
+__device__ __forceinline__ Vec16 load16(const unsigned char* p) { return *reinterpret_cast<const Vec16*>(p); }
+
+// The 16-token tile at tok0 (a multiple of 16) into kv (slots 0-3) and vv (4-7); rows at
+// or past `end` read as zeros and are never loaded (they may hold another sequence's data).
+__device__ __forceinline__ void fetch_tile(Vec16 (&kv)[2][2], Vec16 (&vv)[4], const Rows& rows, int tok0, int r,
+                                           int c) {
+  Vec16 got[8];
+#if BLOCK_SIZE >= 16
+  // A tile never crosses a block: one table entry and one 64-bit product per tile. The
+  // thread's K rows r, r+8 and V rows 2c, 2c+1, 2c+8, 2c+9 are then fixed distances from
+  // two pointers, and with the token stride known when compiling they are immediates.
+  const i64 base = (i64)rows.table_row[tok0 / BLOCK_SIZE] * rows.stride_cb + (tok0 % BLOCK_SIZE) * STRIDE_CT;
+  const unsigned char* kp = rows.k_head + base + rows.k_off;
+  const unsigned char* vp = rows.v_head + base + rows.v_off;
+  const int at[8] = {0, 64, 8 * STRIDE_CT, 8 * STRIDE_CT + 64, 0, STRIDE_CT, 8 * STRIDE_CT, 9 * STRIDE_CT};
+  if (tok0 + 16 <= rows.end) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) got[j] = load16((j < 4 ? kp : vp) + at[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      got[j] = Vec16{{0u, 0u, 0u, 0u}};
+      if (tok0 + slot_token(j, r, c) < rows.end) got[j] = load16((j < 4 ? kp : vp) + at[j]);
+    }
+  }
+#else
+  // Blocks of 1 or 8 tokens: a table entry per token.
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int tok = tok0 + slot_token(j, r, c);
+    got[j] = Vec16{{0u, 0u, 0u, 0u}};
+    if (tok < rows.end) {
+      const i64 off = (i64)rows.table_row[tok / BLOCK_SIZE] * rows.stride_cb + (i64)(tok % BLOCK_SIZE) * STRIDE_CT;
+      got[j] = load16((j < 4 ? rows.k_head : rows.v_head) + off + slot_dim(j, r, c));
+    }
+  }
+#endif
+#pragma unroll
+  for (int j = 0; j < 4; ++j) kv[j >> 1][j & 1] = got[j];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) vv[j] = got[4 + j];
+}
+
+// One chunk of CHUNK tokens starting at t: scores, the online softmax, and P.V.
+__device__ __forceinline__ void step(Softmax& st, const Vec16 (&kv)[MT][2][2], const Vec16 (&vv)[MT][4],
+                                     const u32 (&qf)[16], int t, int end, float score_scale, int r, int c) {
+  // S^T = K Q^T: rows are tokens t + 16mt + r (regs 0, 1) and + 8 (2, 3). Two accumulators
+  // per tile halve the chain of dependent products.
+  float s[MT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    float odd[4] = {0.f, 0.f, 0.f, 0.f};
+    s[mt][0] = s[mt][1] = s[mt][2] = s[mt][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+      const u32 wa = kv[mt][0][ks / 4].w[ks % 4], wb = kv[mt][1][ks / 4].w[ks % 4];
+      mma_16816((ks & 1) ? odd : s[mt], e4m3x2_to_f16x2(wa), e4m3x2_to_f16x2(wb), e4m3x2_hi_to_f16x2(wa),
+                e4m3x2_hi_to_f16x2(wb), qf[2 * ks], qf[2 * ks + 1]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) s[mt][j] = (s[mt][j] + odd[j]) * score_scale;
+  }
+  if (t + CHUNK > end) {  // the sequence's last chunk: a masked token weighs exactly 0
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (t + 16 * mt + r + 8 * (j >> 1) >= end) s[mt][j] = NEG_INF;
+      }
+    }
+  }
+  float tile_m0 = NEG_INF, tile_m1 = NEG_INF;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    tile_m0 = fmaxf(tile_m0, fmaxf(s[mt][0], s[mt][2]));
+    tile_m1 = fmaxf(tile_m1, fmaxf(s[mt][1], s[mt][3]));
+  }
+  // Finite: token t is in range, and every lane of a column sees its row through the max.
+  const float new_m0 = fmaxf(st.m0, warp_max_over_rows(tile_m0));
+  const float new_m1 = fmaxf(st.m1, warp_max_over_rows(tile_m1));
+  // After the first chunks the running max rarely moves: rescale only when it did.
+  if (__any_sync(0xffffffffu, new_m0 > st.m0 || new_m1 > st.m1)) {
+    const float alpha0 = exp2_approx(st.m0 - new_m0), alpha1 = exp2_approx(st.m1 - new_m1);  // 0 at first
+    st.l0 *= alpha0;
+    st.l1 *= alpha1;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      st.acc[i][0] *= alpha0;
+      st.acc[i][1] *= alpha1;
+      st.acc[i][2] *= alpha0;
+      st.acc[i][3] *= alpha1;
+    }
+    st.m0 = new_m0;
+    st.m1 = new_m1;
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const float p0 = exp2_approx(s[mt][0] - st.m0), p1 = exp2_approx(s[mt][1] - st.m1);
+    const float p2 = exp2_approx(s[mt][2] - st.m0), p3 = exp2_approx(s[mt][3] - st.m1);
+    st.l0 += p0 + p2;
+    st.l1 += p1 + p3;
+    // P^T for O^T = V^T P^T: tokens 2c, 2c+1 (b0) and 2c+8, 2c+9 (b1) of query r.
+    const u32 b0 = transpose_8x8(pack_f16x2(p0, p1)), b1 = transpose_8x8(pack_f16x2(p2, p3));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      // Bytes 2i, 2i+1 (mod 4) of word i / 2: dimension 16r + 2i (low half) and 16r + 2i + 1 (high).
+      const u32 sel = (i & 1) ? 0x7362u : 0x5140u;
+      const u32 x01 = byte_perm(vv[mt][0].w[i / 2], vv[mt][1].w[i / 2], sel);
+      const u32 x23 = byte_perm(vv[mt][2].w[i / 2], vv[mt][3].w[i / 2], sel);
+      mma_16816(st.acc[i], e4m3x2_to_f16x2(x01), e4m3x2_hi_to_f16x2(x01), e4m3x2_to_f16x2(x23),
+                e4m3x2_hi_to_f16x2(x23), b0, b1);
+    }
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_fp8(
+    const u16* __restrict__ q,               // (B, Hq, 128) fp16 or bf16
+    const unsigned char* __restrict__ k_cache,  // (num_blocks, BLOCK_SIZE, Hkv, 128) e4m3
+    const unsigned char* __restrict__ v_cache,  // the same shape and strides
+    const int* __restrict__ block_tables,    // (B, max_blocks)
+    const int* __restrict__ seq_lens,        // (B,)
+    const float* __restrict__ k_scale, const float* __restrict__ v_scale,
+    u16* __restrict__ out,                   // (B, Hq, 128), q's dtype
+    float* __restrict__ part_out,            // (max_items, Hq, 128) fp32, as kernel.py's
+    float* __restrict__ part_lse,            // (max_items, Hq) fp32, log2 units
+    int batch, int group_size, int target_uniform, int target_ragged, int split_cap, float qk_scale,
+    i64 stride_qb, i64 stride_qh, i64 stride_cb, i64 stride_ch, i64 stride_tb, i64 stride_ob,
+    i64 stride_oh) {
+  const int kv_head = blockIdx.x;
+  const int num_q_heads = gridDim.x * group_size;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int r = lane >> 2, c = lane & 3;
+
+#if SPLIT
+#if __CUDA_ARCH__ >= 900
+  // The reduction kernel may be launched now; its griddepcontrol.wait still waits for this grid.
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  // One item per program, as in kernel.py: the grid is sized for the worst plan and the
+  // items past this plan's end exit here. (A grid of one program per slot, each looping
+  // over items blockIdx.y + k * gridDim.y, skipped those launches but balanced ragged
+  // batches worse: 274.1 against 254.5 us on the lognormal batch; NOTES.md, v6.)
+  const Plan plan = make_plan(seq_lens, batch, target_uniform, target_ragged, split_cap);
+  for (int item = blockIdx.y; item < plan.items; item += gridDim.y) {
+    int seq, start, end;
+    bool direct;
+    find_split(plan, item, seq_lens, split_cap, seq, start, end, direct);
+#else
+  {
+    const int item = blockIdx.y, seq = item, start = 0, end = seq_lens[seq];
+    const bool direct = true;
+#endif
+    // Query r of the group (zero past the group), dimensions 16c..16c+15 and 64+16c..64+16c+15.
+    u32 qf[16];
+    {
+      Vec16 parts[4] = {};
+      if (r < group_size) {
+        const u16* row = q + seq * stride_qb + (i64)(kv_head * group_size + r) * stride_qh;
+        const int dims[4] = {16 * c, 16 * c + 8, 64 + 16 * c, 64 + 16 * c + 8};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) parts[j] = *reinterpret_cast<const Vec16*>(row + dims[j]);
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) qf[j] = q_pair_f16(parts[j / 4].w[j % 4]);
+    }
+
+    const float score_scale = qk_scale * *k_scale;  // softmax scale x log2(e) x K's scale
+    Softmax state;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) state.acc[i][0] = state.acc[i][1] = state.acc[i][2] = state.acc[i][3] = 0.f;
+    state.m0 = state.m1 = NEG_INF;
+    state.l0 = state.l1 = 0.f;
+    const Rows rows{k_cache + kv_head * stride_ch, v_cache + kv_head * stride_ch, block_tables + seq * stride_tb,
+                    end, stride_cb, r * STRIDE_CT + 16 * c, 2 * c * STRIDE_CT + 16 * r};
+
+    for (int t = start + warp * CHUNK; t < end; t += WARPS * CHUNK) {
+      Vec16 kv[MT][2][2], vv[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) fetch_tile(kv[mt], vv[mt], rows, t + 16 * mt, r, c);
+      step(state, kv, vv, qf, t, end, score_scale, r, c);
+    }
+    __shared__ float o_smem[WARPS][GROUP_MAX][HEAD_DIM];
+    __shared__ float m_smem[WARPS][GROUP_MAX], l_smem[WARPS][GROUP_MAX];
+    float(&acc)[8][4] = state.acc;
+    float m0 = state.m0, m1 = state.m1, l0 = state.l0, l1 = state.l1;
+
+    // Combine the 4 warps' partial softmaxes in shared memory, then write the group's rows.
+    l0 = warp_sum_over_rows(l0);
+    l1 = warp_sum_over_rows(l1);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      o_smem[warp][2 * c][16 * r + 2 * i] = acc[i][0];
+      o_smem[warp][2 * c + 1][16 * r + 2 * i] = acc[i][1];
+      o_smem[warp][2 * c][16 * r + 2 * i + 1] = acc[i][2];
+      o_smem[warp][2 * c + 1][16 * r + 2 * i + 1] = acc[i][3];
+    }
+    if (r == 0) {
+      m_smem[warp][2 * c] = m0;
+      m_smem[warp][2 * c + 1] = m1;
+      l_smem[warp][2 * c] = l0;
+      l_smem[warp][2 * c + 1] = l1;
+    }
+    __syncthreads();
+    const float out_scale = *v_scale;
+    for (int e = threadIdx.x; e < group_size * HEAD_DIM; e += THREADS) {
+      const int g = e / HEAD_DIM, d = e % HEAD_DIM;
+      float m = NEG_INF;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) m = fmaxf(m, m_smem[w][g]);
+      float num = 0.f, den = 0.f;
+      if (m > NEG_INF) {  // -inf only for a length-0 sequence: store 0 and lse = -inf
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+          const float weight = exp2_approx(m_smem[w][g] - m);  // 0 for a warp that saw no token
+          num += weight * o_smem[w][g][d];
+          den += weight * l_smem[w][g];
+        }
+      }
+      const float value = den > 0.f ? num / den * out_scale : 0.f;
+      const int head = kv_head * group_size + g;
+      if (direct) {
+        out[seq * stride_ob + head * stride_oh + d] = to_output(value);
+      } else {
+        const i64 row = (i64)item * num_q_heads + head;
+        part_out[row * HEAD_DIM + d] = value;
+        if (d == 0) part_lse[row] = den > 0.f ? m + __log2f(den) : NEG_INF;
+      }
+    }
+    __syncthreads();  // the next item reuses the shared buffers
+  }
+}

@@ -1,0 +1,114 @@
+"""The fp8 decode kernel in CUDA C++ (fp8_decode.cu): what it takes, how it is built and launched.
+
+Why a second kernel. The Triton kernel reads an fp8 cache 1.26-1.44x as fast as a bf16 one,
+not 2x (NOTES.md, v5). Its per-tile chain (asynchronous copies into shared memory, barriers
+between warps, and the V tile's trip through shared memory in fp16 to be transposed) is what
+Triton 3.6 generates for any tile, and the fix, transposing the 8-bit V tile in registers,
+cannot be asked for in its language. In CUDA it can: each thread loads its own bytes of K
+and V into registers, pairs the bytes of two tokens with one byte permute, and feeds the
+matrix unit from there (fp8_decode.cu explains the fragment layout). The warps of a program
+never wait for each other until the end.
+
+Scope. head_dim 128 and up to 8 query heads per KV head (the Llama, Qwen and Mistral models
+in labs/data; not Gemma's head_dim 256 or DeepSeek-V3's 192), V stored like K (vLLM's
+order), fp16 or bf16 queries, any supported block size. Other shapes, the CPU interpreter, and machines without NVRTC use the Triton
+kernel (`kernel.paged_decode` chooses). The split plan, the partials' layout and the
+reduction kernel are the Triton kernel's, so both kernels split a batch the same way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from labs.paged_attention import nvrtc
+
+SOURCE = Path(__file__).with_name("fp8_decode.cu")
+HEAD_DIM = 128
+GROUP_MAX = 8
+NUM_WARPS = 4
+# Tokens a warp takes per step. 16 keeps the kernel at 108 registers with no spills; 32
+# needs 128 and spills a little under a 4-program budget (ptxas, sm_90).
+CHUNK = 16
+# Programs of 4 warps per SM the register budget is cut for (`__launch_bounds__`): 4 x 128
+# threads x 108 registers fit in the SM's 65,536, with 16.6 KB of shared memory each.
+PROGRAMS_PER_SM = 4
+# The split plan's unit (TILE in the source): every split starts on a multiple of it.
+TILE_N = 64
+
+
+def unsupported_reason(q: torch.Tensor, k_cache: torch.Tensor, group_size: int, v_layout: str) -> str | None:
+    """Why this kernel cannot take the call, or None when it can."""
+    if q.device.type != "cuda":
+        return "not a CUDA tensor"
+    if q.shape[-1] != HEAD_DIM:
+        return f"head_dim {q.shape[-1]} (the CUDA kernel is written for {HEAD_DIM})"
+    if group_size > GROUP_MAX:
+        return f"{group_size} query heads per KV head (at most {GROUP_MAX})"
+    if v_layout != "token":
+        return f"v_layout={v_layout!r} (the CUDA kernel reads V in K's order)"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"{q.dtype} queries"
+    if q.stride(1) % 8 or q.stride(0) % 8 or q.data_ptr() % 16:
+        return "queries not aligned to 16 bytes per head"
+    if any(s % 16 for s in k_cache.stride()[:3]) or k_cache.data_ptr() % 16:
+        return "a cache not aligned to 16 bytes per row"
+    try:
+        nvrtc._nvrtc()
+    except nvrtc.NvrtcError as exc:
+        return str(exc)
+    return None
+
+
+def defines(block_size: int, stride_ct: int, split: bool, q_bf16: bool, chunk: int = CHUNK,
+            programs_per_sm: int = PROGRAMS_PER_SM) -> tuple[str, ...]:
+    return (f"-DBLOCK_SIZE={block_size}", f"-DSTRIDE_CT={stride_ct}", f"-DSPLIT={int(split)}", f"-DQ_BF16={int(q_bf16)}",
+            f"-DCHUNK={chunk}", f"-DMIN_BLOCKS={programs_per_sm}")
+
+
+def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, chunk: int = CHUNK,
+                    programs_per_sm: int = PROGRAMS_PER_SM, verbose: bool = False) -> tuple[bytes, str]:
+    """(cubin, log) of one specialisation; verbose adds ptxas's register and spill report to the log."""
+    options = defines(block_size, stride_ct, split, q_bf16, chunk, programs_per_sm)
+    if verbose:
+        options += ("--ptxas-options=-v",)
+    return nvrtc.compile_cubin(SOURCE.read_text(), SOURCE.name, arch, options)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, chunk: int,
+            programs_per_sm: int) -> nvrtc.Kernel:
+    major, minor = torch.cuda.get_device_capability(device_index)
+    if (major, minor) < (8, 9):
+        raise RuntimeError(f"the fp8 CUDA kernel needs sm_89 or later (cvt from e4m3); this GPU is sm_{major}{minor}")
+    with torch.cuda.device(device_index):
+        cubin, _ = compile_variant(major * 10 + minor, block_size, stride_ct, split, q_bf16, chunk, programs_per_sm)
+        return nvrtc.Kernel(cubin, "paged_decode_fp8")
+
+
+def launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, part_out, part_lse, *,
+           items: int, group_size: int, targets: tuple[int, int], split_cap: int, qk_scale: float,
+           split: bool, chunk: int | None = None, programs_per_sm: int | None = None) -> None:
+    """One launch over the grid (num_kv_heads, items); kernel.paged_decode has checked the inputs.
+
+    chunk, programs_per_sm: None takes this module's CHUNK and PROGRAMS_PER_SM at call time.
+    """
+    chunk = chunk or CHUNK
+    programs_per_sm = programs_per_sm or PROGRAMS_PER_SM
+    num_kv_heads = k_cache.shape[2]
+    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16, chunk,
+                 programs_per_sm)
+    ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
+    i64 = ctypes.c_longlong
+    args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(block_tables), ptr(seq_lens), ptr(k_scale), ptr(v_scale),
+            ptr(out), ptr(part_out), ptr(part_lse),
+            ctypes.c_int(q.shape[0]), ctypes.c_int(group_size), ctypes.c_int(targets[0]), ctypes.c_int(targets[1]),
+            ctypes.c_int(split_cap), ctypes.c_float(qk_scale),
+            i64(q.stride(0)), i64(q.stride(1)),
+            i64(k_cache.stride(0)), i64(k_cache.stride(2)),  # bytes: 1-byte elements
+            i64(block_tables.stride(0)), i64(out.stride(0)), i64(out.stride(1))]
+    fn((num_kv_heads, items, 1), (NUM_WARPS * 32, 1, 1), args)

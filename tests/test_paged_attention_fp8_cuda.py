@@ -1,0 +1,173 @@
+"""The CUDA fp8 decode kernel (labs/paged_attention/fp8_decode.cu).
+
+On any machine: every specialisation compiles with NVRTC for sm_90 within the register
+budget its launch bounds promise, without spills, and the launcher says why it will not
+take a call. With a GPU: the kernel against the dequantising fp32 reference over block
+sizes, group sizes, query dtypes, split counts, ragged and zero lengths, NaN in unused
+slots, and graph replay with new lengths; and against the Triton fp8 kernel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from labs.paged_attention import fp8_decode, nvrtc  # noqa: E402
+from labs.paged_attention.kernel import FP8_DTYPE, MAX_SPLITS, paged_decode  # noqa: E402
+from labs.paged_attention.reference import paged_decode_ref  # noqa: E402
+from labs.paged_attention.workload import make_problem  # noqa: E402
+
+try:
+    nvrtc._nvrtc()
+    HAVE_NVRTC = True
+except nvrtc.NvrtcError:
+    HAVE_NVRTC = False
+
+# Every specialisation the launcher can ask for: block size x split x query dtype.
+VARIANTS = list(itertools.product((1, 8, 16, 32), (False, True), (False, True)))
+
+
+@pytest.mark.skipif(not HAVE_NVRTC, reason="NVRTC comes with PyTorch's CUDA wheels")
+@pytest.mark.parametrize(("block_size", "split", "q_bf16"), VARIANTS,
+                         ids=[f"bs{b}-{'split' if s else 'direct'}-{'bf16' if q else 'fp16'}" for b, s, q in VARIANTS])
+def test_every_specialisation_compiles_within_its_register_budget(block_size, split, q_bf16):
+    cubin, log = fp8_decode.compile_variant(90, block_size, 1024, split, q_bf16, verbose=True)
+    report = nvrtc.ptxas_report(log)
+    budget = 65536 // (fp8_decode.NUM_WARPS * 32 * fp8_decode.PROGRAMS_PER_SM)
+    assert cubin[:4] == b"\x7fELF", "NVRTC returned no cubin"
+    assert 0 < report["registers"] <= budget, report
+    assert report["spill_stores"] == report["spill_loads"] == 0, f"spills: {report}"
+
+
+@pytest.mark.skipif(not HAVE_NVRTC, reason="NVRTC comes with PyTorch's CUDA wheels")
+def test_a_compile_error_carries_nvrtc_log():
+    with pytest.raises(nvrtc.NvrtcError, match="(?s)did not compile for sm_90.*undefined_name"):
+        nvrtc.compile_cubin('extern "C" __global__ void k() { undefined_name(); }', "bad.cu", 90)
+
+
+def _problem(lens, group, block_size=16, dtype=torch.bfloat16, device="cpu", head_dim=128, **kw):
+    return make_problem(lens, 2 * group, 2, head_dim, block_size, dtype, device, kv_dtype=FP8_DTYPE, **kw)
+
+
+def _run(problem, **kw):
+    return paged_decode(problem.q, problem.k_cache, problem.v_cache, problem.block_tables, problem.seq_lens,
+                        **problem.kernel_kwargs(), **kw)
+
+
+def test_cuda_backend_says_why_it_cannot_take_a_call():
+    problem = _problem([5, 9], 4, dtype=torch.float16)
+    with pytest.raises(ValueError, match="backend='cuda' cannot take this call: not a CUDA tensor"):
+        _run(problem, backend="cuda")
+
+
+def test_backend_names_are_checked():
+    problem = _problem([5], 4, dtype=torch.float16)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        _run(problem, backend="cudnn")
+    plain = make_problem([5], 4, 2, 32, 16, torch.float16, "cpu")
+    with pytest.raises(ValueError, match="serves an fp8 cache only"):
+        paged_decode(plain.q, plain.k_cache, plain.v_cache, plain.block_tables, plain.seq_lens, backend="cuda")
+
+
+# ----------------------------------------------------------------------------------
+# GPU
+
+
+def _check(problem, what, **kw):
+    out = _run(problem, backend="cuda", **kw)
+    ref = paged_decode_ref(problem.q, problem.k_cache, problem.v_cache, problem.block_tables, problem.seq_lens,
+                           **problem.kernel_kwargs())
+    atol, rtol = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}[problem.q.dtype]
+    assert torch.isfinite(out).all(), f"{what}: non-finite output"
+    torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol, msg=lambda m: f"{what}\n{m}")
+    return out
+
+
+GPU_SPLITS = [None, 1, 3, MAX_SPLITS]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", GPU_SPLITS, ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("group", [1, 4, 7, 8])
+@pytest.mark.parametrize("block_size", [1, 8, 16, 32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_gpu_cuda_fp8_matches_reference(dtype, block_size, group, num_splits):
+    """Ragged lengths through every tile edge (1, 15, 16, 17, 63, 64, 65 tokens) and a long one."""
+    rng = random.Random(block_size * 100 + group)
+    lens = [9000, 1, 15, 16, 17, 63, 64, 65] + [rng.randint(1, 9000) for _ in range(4)]
+    problem = _problem(lens, group, block_size, dtype, "cuda", seed=group,
+                       shared_prefix_blocks=max(128 // block_size, 1))
+    _check(problem, f"bs={block_size} group={group} splits={num_splits} lens={lens}", num_splits=num_splits,
+           max_seq_len=max(lens))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("heads", "head_dim", "v_layout", "message"), [
+    ((32, 2), 128, "token", "16 query heads per KV head"),
+    ((32, 8), 64, "token", "head_dim 64"),
+    ((32, 8), 128, "dim", "v_layout='dim'"),
+])
+def test_gpu_cuda_backend_names_what_it_does_not_take(heads, head_dim, v_layout, message):
+    problem = make_problem([40, 7], *heads, head_dim, 16, torch.bfloat16, "cuda", kv_dtype=FP8_DTYPE,
+                           v_layout=v_layout)
+    with pytest.raises(ValueError, match=f"cannot take this call: {message}"):
+        _run(problem, backend="cuda")
+    _run(problem)  # auto falls back to the Triton kernel
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_fp8_zero_length_rows_are_zero():
+    problem = _problem([9, 300, 9, 1], 4, device="cuda", seed=2)
+    problem.seq_lens[0] = problem.seq_lens[2] = 0  # padding slots of a captured batch
+    problem.lens[0] = problem.lens[2] = 0
+    for splits in (None, 1, 5):
+        out = _check(problem, f"splits={splits}", num_splits=splits)
+        assert out[0].abs().max() == 0 and out[2].abs().max() == 0
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_and_triton_fp8_kernels_agree():
+    """Same data, same plan: the two kernels differ only in rounding order (fp32 sums)."""
+    lens = [20000, 333, 4096, 1, 7777]
+    problem = make_problem(lens, 32, 8, 128, 16, torch.bfloat16, "cuda", kv_dtype=FP8_DTYPE, seed=4)
+    a = _run(problem, backend="cuda").float()
+    b = _run(problem, backend="triton").float()
+    torch.testing.assert_close(a, b, atol=1.6e-2, rtol=1.6e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_auto_backend_picks_cuda_where_it_applies(monkeypatch):
+    calls = []
+    real = fp8_decode.launch
+    monkeypatch.setattr(fp8_decode, "launch", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    problem = make_problem([100, 50], 32, 8, 128, 16, torch.bfloat16, "cuda", kv_dtype=FP8_DTYPE)
+    _run(problem)
+    assert calls, "auto did not take the CUDA kernel for head_dim 128, group 4"
+    calls.clear()
+    wide = make_problem([100, 50], 32, 2, 128, 16, torch.bfloat16, "cuda", kv_dtype=FP8_DTYPE)  # group 16
+    _run(wide)
+    assert not calls, "auto took the CUDA kernel for a group of 16"
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_fp8_graph_replay_with_new_lengths():
+    problem = make_problem([5000] * 8, 32, 8, 128, 16, torch.bfloat16, "cuda", kv_dtype=FP8_DTYPE, seed=9)
+    call = lambda: _run(problem, backend="cuda")  # noqa: E731
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for new in ([5000] * 8, [4999, 1, 17, 0, 4096, 5000, 33, 2048]):
+        problem.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        problem.lens[:] = new
+        out.fill_(float("nan"))
+        graph.replay()
+        ref = paged_decode_ref(problem.q, problem.k_cache, problem.v_cache, problem.block_tables,
+                               problem.seq_lens, **problem.kernel_kwargs())
+        torch.testing.assert_close(out.float(), ref, atol=1.6e-2, rtol=1.6e-2, msg=lambda m: f"lens={new}\n{m}")
