@@ -441,13 +441,13 @@ def main(argv: list[str] | None = None) -> int:
         "ragged_waves": args.ragged_waves or kernel.RAGGED_WAVES,
     }
 
-    def backend(case: Case) -> str:
+    def kernel_of(case: Case) -> str:
         p = case.problem
         return kernel.resolve_backend(p.q, p.k_cache, p.v_layout,
                                       triton_knobs=bool(knobs["tile_n"] or knobs["num_warps"] or knobs["num_stages"]))
 
     def config(case: Case, used: str | None = None) -> dict:
-        default = kernel.default_config(case.table == "fp8", used or backend(case))
+        default = kernel.default_config(case.table == "fp8", used or kernel_of(case))
         return {
             "tile_n": knobs["tile_n"] or default.tile_n,
             "num_warps": knobs["num_warps"] or default.num_warps,
@@ -458,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     def decode_fn(case: Case, used: str | None = None):
         """The launch for one case, on the kernel the launcher picks (or `used`); a Triton
         launch names its configuration, which a CUDA one must not (a knob means Triton)."""
-        p, used = case.problem, used or backend(case)
+        p, used = case.problem, used or kernel_of(case)
         named = {} if used == "cuda" else config(case, used)
         kw = {**knobs, **named, "num_splits": args.num_splits, "backend": used}
         return lambda: kernel.paged_decode(
@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             targets = kernel.split_targets(p.q.shape[0], p.k_cache.shape[2], env["sm_count"], p.max_seq_len,
                                            c["tile_n"], c["programs_per_sm"], knobs["ragged_waves"])
-        cap = kernel.MAX_SPLITS if args.num_splits else kernel.default_config(case.table == "fp8", backend(case)).split_cap
+        cap = kernel.MAX_SPLITS if args.num_splits else kernel.default_config(case.table == "fp8", kernel_of(case)).split_cap
         return kernel.plan_splits(p.lens, targets, c["tile_n"], cap)
 
     cases = build_cases(torch, names, tables)
@@ -596,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
             print(format_ragged_row(row))
         else:
             base = bf16_times[case.of]
-            used = backend(case)
+            used = kernel_of(case)
             # The Triton fp8 kernel on the same data, for the page's comparison of the two.
             t_triton = t1 if used == "triton" else time_us(decode_fn(case, "triton"))
             row = {

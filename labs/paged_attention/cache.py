@@ -64,8 +64,9 @@ shared memory one byte per load (sm_90's `ldmatrix` transposes only 16-bit eleme
 which made the fp8 kernel bound by instruction issue (NOTES.md, v3). Stored by dimension,
 the tile arrives in the operand's order and the byte loads are gone, yet on the H200 the
 kernel took 350 us instead of 226 at (64, 4,096) (NOTES.md, v4). The kernel now converts a
-token-order V tile to fp16 before transposing it (NOTES.md, v5), which removes the byte
-loads without a new layout, so the default stays vLLM's order. A token's write in the
+token-order V tile to fp16 before transposing it (NOTES.md, v5), and the CUDA fp8 kernel
+(fp8_decode.cu) transposes the 8-bit tile in registers (v6): both remove the byte loads
+without a new layout, so the default stays vLLM's order, the one the CUDA kernel reads. A token's write in the
 "dim" order is num_kv_heads x head_dim single-byte stores with a stride of block_size.
 """
 

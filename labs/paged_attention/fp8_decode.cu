@@ -315,6 +315,7 @@ __device__ __forceinline__ void fetch_tile(Vec16 (&kv)[2][2], Vec16 (&vv)[4], co
   for (int j = 0; j < 4; ++j) vv[j] = got[4 + j];
 }
 
+// --8<-- [start:step]
 // One chunk of CHUNK tokens starting at t: scores, the online softmax, and P.V.
 __device__ __forceinline__ void step(Softmax& st, const Vec16 (&kv)[MT][2][2], const Vec16 (&vv)[MT][4],
                                      const u32 (&qf)[16], int t, int end, float score_scale, int r, int c) {
@@ -387,6 +388,7 @@ __device__ __forceinline__ void step(Softmax& st, const Vec16 (&kv)[MT][2][2], c
     }
   }
 }
+// --8<-- [end:step]
 
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_fp8(
     const u16* __restrict__ q,               // (B, Hq, 128) fp16 or bf16

@@ -35,6 +35,11 @@ sequence, and the sum of the n_b is at most target + B, so the grid size is know
 host without reading seq_lens: the launcher never synchronises and can be captured in a
 CUDA graph, and a replay with new lengths gets a new plan.
 
+An fp8 cache on a CUDA GPU goes, where it can, to a second kernel written in CUDA C++
+(`fp8_decode.cu`, launched from `fp8_decode.py`): same maths, same split plan, same
+partials and the same reduction kernel as here, but it transposes the 8-bit V tile in
+registers, which Triton 3.6 cannot be asked to do. `resolve_backend` picks.
+
 Caution:
 
 * `tl.dot` needs at least 16 rows, so a group of 4 query heads is padded to 16 and 75%
