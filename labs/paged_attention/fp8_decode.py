@@ -45,6 +45,8 @@ def unsupported_reason(q: torch.Tensor, k_cache: torch.Tensor, group_size: int, 
     """Why this kernel cannot take the call, or None when it can."""
     if q.device.type != "cuda":
         return "not a CUDA tensor"
+    if torch.cuda.get_device_capability(q.device) < (8, 9):
+        return "a GPU before sm_89 (no e4m3 conversion instruction)"
     if q.shape[-1] != HEAD_DIM:
         return f"head_dim {q.shape[-1]} (the CUDA kernel is written for {HEAD_DIM})"
     if group_size > GROUP_MAX:
@@ -57,6 +59,8 @@ def unsupported_reason(q: torch.Tensor, k_cache: torch.Tensor, group_size: int, 
         return "queries not aligned to 16 bytes per head"
     if any(s % 16 for s in k_cache.stride()[:3]) or k_cache.data_ptr() % 16:
         return "a cache not aligned to 16 bytes per row"
+    if k_cache.stride(1) * 32 >= 2**31:  # in-block offsets are 32-bit in the kernel
+        return f"a token stride of {k_cache.stride(1)} bytes"
     try:
         nvrtc._nvrtc()
     except nvrtc.NvrtcError as exc:
@@ -82,9 +86,7 @@ def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_b
 @functools.lru_cache(maxsize=None)
 def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, chunk: int,
             programs_per_sm: int) -> nvrtc.Kernel:
-    major, minor = torch.cuda.get_device_capability(device_index)
-    if (major, minor) < (8, 9):
-        raise RuntimeError(f"the fp8 CUDA kernel needs sm_89 or later (cvt from e4m3); this GPU is sm_{major}{minor}")
+    major, minor = torch.cuda.get_device_capability(device_index)  # >= (8, 9): unsupported_reason
     with torch.cuda.device(device_index):
         cubin, _ = compile_variant(major * 10 + minor, block_size, stride_ct, split, q_bf16, chunk, programs_per_sm)
         return nvrtc.Kernel(cubin, "paged_decode_fp8")
