@@ -7,7 +7,8 @@
 // between a block's tokens: num_kv_heads x 128 for a contiguous pool), SPLIT (0: one
 // program per (sequence, KV head); 1: the split plan), Q_BF16 (queries and output in bf16,
 // else fp16), CHUNK (tokens a warp takes per step: 16 or 32), MIN_BLOCKS (programs per SM
-// the register budget is cut for). Fixed here: head_dim 128, at most 8 query heads per KV
+// the register budget is cut for), TILE (the split plan's unit: every split starts on a
+// multiple of TILE tokens; a multiple of 16). Fixed here: head_dim 128, at most 8 query heads per KV
 // head, 4 warps per program.
 //
 // The idea. One warp computes S^T = K Q^T and O^T = V^T P^T with mma.m16n8k16 (fp16 in,
@@ -48,7 +49,6 @@ typedef long long i64;
 #define THREADS (WARPS * 32)
 #define HEAD_DIM 128
 #define GROUP_MAX 8
-#define TILE 64  // the split plan's unit: every split starts on a multiple of 64 tokens
 #define MT (CHUNK / 16)  // 16-token tiles per warp step
 #define NEG_INF __int_as_float(0xff800000u)
 

@@ -12,8 +12,9 @@ as the Triton kernel reads bf16 on batches of 16 or more (NOTES.md, v6).
 
 Scope. head_dim 128 and up to 8 query heads per KV head (the Llama, Qwen and Mistral models
 in labs/data; not Gemma's head_dim 256 or DeepSeek-V3's 192), V stored like K (vLLM's
-order), fp16 or bf16 queries, any supported block size. Other shapes, the CPU interpreter, and machines without NVRTC use the Triton
-kernel (`kernel.paged_decode` chooses). The split plan, the partials' layout and the
+order), fp16 or bf16 queries, any supported block size, sm_89 or later. Other calls, the
+CPU interpreter, and machines without NVRTC use the Triton kernel (`kernel.resolve_backend`
+chooses). The split plan, the partials' layout and the
 reduction kernel are the Triton kernel's, so both kernels split a batch the same way.
 """
 
@@ -37,7 +38,8 @@ CHUNK = 16
 # Programs of 4 warps per SM the register budget is cut for (`__launch_bounds__`): 4 x 128
 # threads x 128 registers at most fit in the SM's 65,536, with 16.7 KB of shared memory each.
 PROGRAMS_PER_SM = 4
-# The split plan's unit (TILE in the source): every split starts on a multiple of it.
+# The split plan's unit (TILE in the source): every split starts on a multiple of it, and
+# kernel.CUDA_FP8_CONFIG hands it to the plan's host side and to the reduction.
 TILE_N = 64
 
 
@@ -70,7 +72,7 @@ def unsupported_reason(q: torch.Tensor, k_cache: torch.Tensor, group_size: int, 
 
 def defines(block_size: int, stride_ct: int, split: bool, q_bf16: bool, chunk: int = CHUNK,
             programs_per_sm: int = PROGRAMS_PER_SM) -> tuple[str, ...]:
-    return (f"-DBLOCK_SIZE={block_size}", f"-DSTRIDE_CT={stride_ct}", f"-DSPLIT={int(split)}", f"-DQ_BF16={int(q_bf16)}",
+    return (f"-DBLOCK_SIZE={block_size}", f"-DSTRIDE_CT={stride_ct}", f"-DTILE={TILE_N}", f"-DSPLIT={int(split)}", f"-DQ_BF16={int(q_bf16)}",
             f"-DCHUNK={chunk}", f"-DMIN_BLOCKS={programs_per_sm}")
 
 

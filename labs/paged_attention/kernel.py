@@ -63,6 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
+from labs.paged_attention import fp8_decode
 from labs.paged_attention.cache import SUPPORTED_BLOCK_SIZES, V_LAYOUTS
 
 # The fp8 cache format vLLM calls 'fp8' / 'fp8_e4m3' on NVIDIA GPUs.
@@ -461,9 +462,9 @@ BF16_CONFIG = Config(DEFAULT_TILE_N, DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES, RESI
 FP8_CONFIG = Config(FP8_TILE_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_RESIDENT_PROGRAMS, FP8_SPLIT_CAP)
 
 
-# The CUDA fp8 kernel (fp8_decode.py): its split plan works in 64-token units, and 4
-# programs of 4 warps fit on an SM. Stages do not apply (it loads into registers).
-CUDA_FP8_CONFIG = Config(64, 4, 1, 4, SPLIT_CAP)
+# The CUDA fp8 kernel (fp8_decode.py): its split plan's unit, its warps and its programs
+# per SM are that module's. Stages do not apply (it loads into registers): 1.
+CUDA_FP8_CONFIG = Config(fp8_decode.TILE_N, fp8_decode.NUM_WARPS, 1, fp8_decode.PROGRAMS_PER_SM, SPLIT_CAP)
 # Which kernel serves an fp8 cache: "auto" takes the CUDA one wherever it applies.
 BACKENDS = ("auto", "triton", "cuda")
 
@@ -596,8 +597,6 @@ def resolve_backend(q: torch.Tensor, k_cache: torch.Tensor, v_layout: str = "tok
         raise ValueError(f"backend='cuda' serves an fp8 cache only; this one is {k_cache.dtype}")
     if not fp8 or backend == "triton" or (backend == "auto" and triton_knobs):
         return "triton"
-    from labs.paged_attention import fp8_decode
-
     why_not = fp8_decode.unsupported_reason(q, k_cache, q.shape[1] // k_cache.shape[2], v_layout)
     if why_not and backend == "cuda":
         raise ValueError(f"backend='cuda' cannot take this call: {why_not}")
@@ -788,8 +787,6 @@ def paged_decode(
 
     # (3) Launches
     if backend == "cuda":
-        from labs.paged_attention import fp8_decode
-
         fp8_decode.launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, part_out, part_lse,
                           items=items, group_size=group_size, targets=targets, split_cap=split_cap,
                           qk_scale=scale * math.log2(math.e), split=split)
