@@ -561,13 +561,15 @@ def test_gpu_ragged_workloads_match_reference(rule):
     assert_matches(run_case(problem), reference(problem), torch.bfloat16, f"{rule}: lens={lens}")
 
 
-def _replay_with_new_lengths(kv_dtype):
-    """Capture once on equal lengths; replay after writing ragged lengths (and a 0) in place."""
+def _replay_with_new_lengths(kv_dtype, **launch):
+    """Capture once on equal lengths; replay after writing ragged lengths (and a 0) in place.
+
+    launch: extra paged_decode arguments (test_paged_attention_fp8_cuda.py passes backend="cuda")."""
     import random
 
     lens = [6000] * 8
     problem = make_problem(lens, 32, 8, GPU_HEAD_DIM, 16, torch.bfloat16, "cuda", seed=9, kv_dtype=kv_dtype)
-    kwargs = problem.kernel_kwargs()
+    kwargs = {**problem.kernel_kwargs(), **launch}
     call = lambda: paged_decode(problem.q, problem.k_cache, problem.v_cache,  # noqa: E731
                                 problem.block_tables, problem.seq_lens, **kwargs)
     call()  # compile outside the capture

@@ -20,8 +20,13 @@ pytest.importorskip("triton")
 
 from labs.paged_attention import fp8_decode, nvrtc  # noqa: E402
 from labs.paged_attention.kernel import FP8_DTYPE, MAX_SPLITS, paged_decode  # noqa: E402
-from labs.paged_attention.reference import paged_decode_ref  # noqa: E402
 from labs.paged_attention.workload import make_problem  # noqa: E402
+from test_paged_attention import (  # noqa: E402  (the bounds and checks the Triton kernel's tests use)
+    TOLERANCES,
+    _replay_with_new_lengths,
+    assert_matches,
+    reference,
+)
 
 try:
     nvrtc._nvrtc()
@@ -85,11 +90,7 @@ def test_backend_names_are_checked():
 
 def _check(problem, what, **kw):
     out = _run(problem, backend="cuda", **kw)
-    ref = paged_decode_ref(problem.q, problem.k_cache, problem.v_cache, problem.block_tables, problem.seq_lens,
-                           **problem.kernel_kwargs())
-    atol, rtol = {torch.float16: (2e-3, 2e-3), torch.bfloat16: (1.6e-2, 1.6e-2)}[problem.q.dtype]
-    assert torch.isfinite(out).all(), f"{what}: non-finite output"
-    torch.testing.assert_close(out.float(), ref, atol=atol, rtol=rtol, msg=lambda m: f"{what}\n{m}")
+    assert_matches(out, reference(problem), problem.q.dtype, what)
     return out
 
 
@@ -142,7 +143,8 @@ def test_gpu_cuda_and_triton_fp8_kernels_agree():
     problem = make_problem(lens, 32, 8, 128, 16, torch.bfloat16, "cuda", kv_dtype=FP8_DTYPE, seed=4)
     a = _run(problem, backend="cuda").float()
     b = _run(problem, backend="triton").float()
-    torch.testing.assert_close(a, b, atol=1.6e-2, rtol=1.6e-2)
+    atol, rtol = TOLERANCES[torch.bfloat16]
+    torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
 
 
 @pytest.mark.gpu
@@ -161,18 +163,4 @@ def test_gpu_auto_backend_picks_cuda_where_it_applies(monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_cuda_fp8_graph_replay_with_new_lengths():
-    problem = make_problem([5000] * 8, 32, 8, 128, 16, torch.bfloat16, "cuda", kv_dtype=FP8_DTYPE, seed=9)
-    call = lambda: _run(problem, backend="cuda")  # noqa: E731
-    call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
-    for new in ([5000] * 8, [4999, 1, 17, 0, 4096, 5000, 33, 2048]):
-        problem.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
-        problem.lens[:] = new
-        out.fill_(float("nan"))
-        graph.replay()
-        ref = paged_decode_ref(problem.q, problem.k_cache, problem.v_cache, problem.block_tables,
-                               problem.seq_lens, **problem.kernel_kwargs())
-        torch.testing.assert_close(out.float(), ref, atol=1.6e-2, rtol=1.6e-2, msg=lambda m: f"lens={new}\n{m}")
+    _replay_with_new_lengths(FP8_DTYPE, backend="cuda")

@@ -675,12 +675,9 @@ def format_ragged_row(row: dict) -> str:
 
 
 def format_fp8_row(row: dict) -> str:
-    # Rows recorded before the CUDA kernel existed have no "kernel": they are the Triton kernel's.
-    kernel = row.get("kernel", "triton")
-    triton_us = row.get("triton_time_us", row["time_us"])
-    triton_x = row.get("triton_speedup_vs_bf16", row["speedup_vs_bf16"])
-    return (f"{row['shape']:<22} {kernel:>6} {row['time_us']:>9.1f} {row['tb_s']:>6.2f} {row['copy_fraction']:>8.3f} "
-            f"{row['bf16_time_us']:>9.1f} {row['speedup_vs_bf16']:>8.3f} {triton_us:>9.1f} {triton_x:>8.3f} "
+    return (f"{row['shape']:<22} {row['kernel']:>6} {row['time_us']:>9.1f} {row['tb_s']:>6.2f} "
+            f"{row['copy_fraction']:>8.3f} {row['bf16_time_us']:>9.1f} {row['speedup_vs_bf16']:>8.3f} "
+            f"{row['triton_time_us']:>9.1f} {row['triton_speedup_vs_bf16']:>8.3f} "
             f"{row['rel_err']:>8.2e} {row['quant_rel_err']:>8.2e} {row['bf16_rel_err']:>8.2e}")
 
 

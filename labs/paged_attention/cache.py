@@ -66,8 +66,9 @@ the tile arrives in the operand's order and the byte loads are gone, yet on the 
 kernel took 350 us instead of 226 at (64, 4,096) (NOTES.md, v4). The kernel now converts a
 token-order V tile to fp16 before transposing it (NOTES.md, v5), and the CUDA fp8 kernel
 (fp8_decode.cu) transposes the 8-bit tile in registers (v6): both remove the byte loads
-without a new layout, so the default stays vLLM's order, the one the CUDA kernel reads. A token's write in the
-"dim" order is num_kv_heads x head_dim single-byte stores with a stride of block_size.
+without a new layout, so the default stays vLLM's order, the one the CUDA kernel reads.
+A token's write in the "dim" order is num_kv_heads x head_dim single-byte stores with a
+stride of block_size.
 """
 
 from __future__ import annotations

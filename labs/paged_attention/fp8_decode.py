@@ -43,11 +43,17 @@ PROGRAMS_PER_SM = 4
 TILE_N = 64
 
 
+def has_e4m3_cvt(device: torch.device) -> bool:
+    """Whether the GPU has `cvt.rn.f16x2.e4m3x2` (sm_89 on: Ada, Hopper, Blackwell), which
+    this kernel and the Triton kernel's inline V conversion both use."""
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def unsupported_reason(q: torch.Tensor, k_cache: torch.Tensor, group_size: int, v_layout: str) -> str | None:
     """Why this kernel cannot take the call, or None when it can."""
     if q.device.type != "cuda":
         return "not a CUDA tensor"
-    if torch.cuda.get_device_capability(q.device) < (8, 9):
+    if not has_e4m3_cvt(q.device):
         return "a GPU before sm_89 (no e4m3 conversion instruction)"
     if q.shape[-1] != HEAD_DIM:
         return f"head_dim {q.shape[-1]} (the CUDA kernel is written for {HEAD_DIM})"
@@ -86,27 +92,20 @@ def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_b
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, chunk: int,
-            programs_per_sm: int) -> nvrtc.Kernel:
-    major, minor = torch.cuda.get_device_capability(device_index)  # >= (8, 9): unsupported_reason
+def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool) -> nvrtc.Kernel:
+    major, minor = torch.cuda.get_device_capability(device_index)  # has_e4m3_cvt: unsupported_reason checked
     with torch.cuda.device(device_index):
-        cubin, _ = compile_variant(major * 10 + minor, block_size, stride_ct, split, q_bf16, chunk, programs_per_sm)
+        cubin, _ = compile_variant(major * 10 + minor, block_size, stride_ct, split, q_bf16)
         return nvrtc.Kernel(cubin, "paged_decode_fp8")
 
 
 def launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, part_out, part_lse, *,
            items: int, group_size: int, targets: tuple[int, int], split_cap: int, qk_scale: float,
-           split: bool, chunk: int | None = None, programs_per_sm: int | None = None) -> None:
-    """One launch over the grid (num_kv_heads, items); kernel.paged_decode has checked the inputs.
-
-    chunk, programs_per_sm: None takes this module's CHUNK and PROGRAMS_PER_SM at call time.
-    """
-    chunk = chunk or CHUNK
-    programs_per_sm = programs_per_sm or PROGRAMS_PER_SM
+           split: bool) -> None:
+    """One launch over the grid (num_kv_heads, items); kernel.paged_decode has checked the inputs."""
     num_kv_heads = k_cache.shape[2]
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16, chunk,
-                 programs_per_sm)
+    fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
     i64 = ctypes.c_longlong
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(block_tables), ptr(seq_lens), ptr(k_scale), ptr(v_scale),

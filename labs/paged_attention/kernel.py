@@ -810,8 +810,8 @@ def paged_decode(
             TILE_N=tile_n,
             SPLIT=split,
             FP8=fp8,
-            # cvt from e4m3 exists from sm_89 (Ada, Hopper); before it Triton's own cast runs.
-            FP8_PTX=fp8 and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9),
+            # Before sm_89 there is no cvt from e4m3: Triton's own cast runs there.
+            FP8_PTX=fp8 and device.type == "cuda" and fp8_decode.has_e4m3_cvt(device),
             V_BY_DIM=v_layout == "dim",
             USE_GDC=split and use_gdc,
             # fp32 inputs: exact products ("ieee"), not tf32's 10-bit mantissa. 16-bit inputs

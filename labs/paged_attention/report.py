@@ -236,8 +236,8 @@ def paged_attention_fp8_table(gpu: str) -> str:
              if layouts == {"dim"} else "V stored like K, in vLLM's order" if layouts == {"token"}
              else "V stored in either order (see the rows)")
     if rows[0].get("kernel") == "cuda":
-        config = ("the CUDA kernel (`fp8_decode.cu`), 4 warps per program, splits in units of "
-                  f"{rows[0]['tile_n']} tokens; Triton is the Triton fp8 kernel on the same data")
+        config = (f"the CUDA kernel (`fp8_decode.cu`), {rows[0]['num_warps']} warps per program, splits in "
+                  f"units of {rows[0]['tile_n']} tokens; Triton is the Triton fp8 kernel on the same data")
     else:
         config = f"tile {rows[0]['tile_n']} tokens, {rows[0]['num_warps']} warps, {rows[0]['num_stages']} stages"
     return (_intro(m, rows) + f" K and V stored as float8 e4m3 with one fp32 scale each ({order}), queries bf16; "
