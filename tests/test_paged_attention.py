@@ -562,7 +562,8 @@ def test_gpu_ragged_workloads_match_reference(rule):
 
 
 def _replay_with_new_lengths(kv_dtype, **launch):
-    """Capture once on equal lengths; replay after writing ragged lengths (and a 0) in place.
+    """Capture once on equal lengths; replay after writing ragged lengths (and a 0) in place,
+    then equal lengths again (the plan switches between its two forms at every replay).
 
     launch: extra paged_decode arguments (test_paged_attention_fp8_cuda.py passes backend="cuda")."""
     import random
@@ -581,7 +582,7 @@ def _replay_with_new_lengths(kv_dtype, **launch):
     atol, rtol = TOLERANCES[torch.bfloat16]
     torch.testing.assert_close(out.float(), reference(problem), atol=atol, rtol=rtol)
     rng = random.Random(1)
-    for new in ([5999, 1, 17, 0, 4096, 6000, 33, 2048], [rng.randint(1, 6000) for _ in range(8)]):
+    for new in ([5999, 1, 17, 0, 4096, 6000, 33, 2048], [rng.randint(1, 6000) for _ in range(8)], [3001] * 8):
         problem.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
         problem.lens[:] = new
         out.fill_(float("nan"))  # every element must be written again by the replay

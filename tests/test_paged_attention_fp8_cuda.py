@@ -113,6 +113,17 @@ def test_gpu_cuda_fp8_matches_reference(dtype, block_size, group, num_splits):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", GPU_SPLITS, ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("length", [1, 17, 64, 1000, 9000])
+def test_gpu_cuda_fp8_equal_lengths(length, num_splits):
+    """Equal lengths take the plan's closed form (item i is split i % n of sequence i / n), and
+    the items the grid holds for a ragged plan exit; 40 sequences put the uniform and ragged
+    targets apart."""
+    problem = _problem([length] * 40, 4, 16, torch.bfloat16, "cuda", seed=length)
+    _check(problem, f"length={length} splits={num_splits}", num_splits=num_splits, max_seq_len=length)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(("heads", "head_dim", "v_layout", "message"), [
     ((32, 2), 128, "token", "16 query heads per KV head"),
     ((32, 8), 64, "token", "head_dim 64"),

@@ -153,6 +153,8 @@ struct Plan {
   int excl;      // splits of all sequences before b0
   int count;     // splits of b0..b1-1
   int items;     // splits in the whole plan: items at or past this have no work
+  int len;       // every sequence's length when they are all equal, else -1
+  int each;      // ... and every sequence's split count then
 };
 
 __device__ Plan make_plan(const int* __restrict__ seq_lens, int batch, int target_uniform, int target_ragged,
@@ -191,6 +193,16 @@ __device__ Plan make_plan(const int* __restrict__ seq_lens, int batch, int targe
   }
   plan.total = sum > 1 ? sum : 1;
   plan.target = longest == shortest ? target_uniform : target_ragged;
+  if (longest == shortest) {
+    // Equal lengths: every sequence has the same split count, so item i is split i % n of
+    // sequence i / n, with no scan and no second barrier, and the items past the plan (the
+    // grid is sized for a ragged one) exit after one barrier (NOTES.md, v7).
+    plan.len = longest;
+    plan.each = splits_of(longest, plan.target, plan.total, split_cap);
+    plan.items = batch * plan.each;
+    return plan;
+  }
+  plan.len = -1;
 
   // Each thread owns a contiguous run of sequences; an exclusive scan of the runs' split
   // counts tells which thread's run holds an item.
@@ -218,6 +230,16 @@ __device__ Plan make_plan(const int* __restrict__ seq_lens, int batch, int targe
 // The (sequence, token range) of work item `item` < plan.items.
 __device__ void find_split(const Plan& plan, int item, const int* __restrict__ seq_lens, int split_cap, int& seq,
                            int& start, int& end, bool& direct) {
+  if (plan.len >= 0) {
+    const int n = plan.each, split = item % n;
+    const i64 tiles = (plan.len + TILE - 1) / TILE;
+    const i64 lo = (split * tiles / n) * TILE, hi = ((split + 1) * tiles / n) * TILE;
+    seq = item / n;
+    start = (int)lo;
+    end = (int)(hi < plan.len ? hi : plan.len);
+    direct = n == 1;
+    return;
+  }
   __shared__ int found[4];
   if (item >= plan.excl && item < plan.excl + plan.count) {
     int first = plan.excl;
