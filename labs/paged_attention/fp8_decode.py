@@ -7,8 +7,9 @@ Triton 3.6 generates for any tile, and the fix, transposing the 8-bit V tile in 
 cannot be asked for in its language. In CUDA it can: each thread loads its own bytes of K
 and V into registers, pairs the bytes of two tokens with one byte permute, and feeds the
 matrix unit from there (fp8_decode.cu explains the fragment layout). The warps of a program
-never wait for each other until the end. On the H200 it reads an fp8 cache 1.54-1.83x as fast
-as the Triton kernel reads bf16 on batches of 16 or more (NOTES.md, v6).
+never wait for each other until the end. On the H200 it reads an fp8 cache about 1.5-1.8x as
+fast as the Triton kernel reads bf16 on batches of 16 or more (NOTES.md, v6 and v7; the
+recorded rows are in labs/results/paged_attention.json).
 
 Scope. head_dim 128 and up to 8 query heads per KV head (the Llama, Qwen and Mistral models
 in labs/data; not Gemma's head_dim 256 or DeepSeek-V3's 192), V stored like K (vLLM's
