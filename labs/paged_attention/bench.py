@@ -443,8 +443,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def kernel_of(case: Case) -> str:
         p = case.problem
-        return kernel.resolve_backend(p.q, p.k_cache, p.v_layout,
-                                      triton_knobs=bool(knobs["tile_n"] or knobs["num_warps"] or knobs["num_stages"]))
+        return kernel.resolve_backend(p.q, p.k_cache, p.v_layout, tile_n=knobs["tile_n"],
+                                      num_warps=knobs["num_warps"], num_stages=knobs["num_stages"])
 
     def config(case: Case, used: str | None = None) -> dict:
         default = kernel.default_config(case.table == "fp8", used or kernel_of(case))

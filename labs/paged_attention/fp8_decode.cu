@@ -8,8 +8,9 @@
 // program per (sequence, KV head); 1: the split plan), Q_BF16 (queries and output in bf16,
 // else fp16), CHUNK (tokens a warp takes per step: 16 or 32), MIN_BLOCKS (programs per SM
 // the register budget is cut for), TILE (the split plan's unit: every split starts on a
-// multiple of TILE tokens; a multiple of 16). Fixed here: head_dim 128, at most 8 query heads per KV
-// head, 4 warps per program.
+// multiple of TILE tokens; a multiple of 16), WARPS (warps per program), HEAD_DIM and GROUP_MAX
+// (most query heads per KV head). fp8_decode.py holds them all; the fragment layout below is
+// written for HEAD_DIM 128 and GROUP_MAX 8, which the static_asserts hold it to.
 //
 // The idea. One warp computes S^T = K Q^T and O^T = V^T P^T with mma.m16n8k16 (fp16 in,
 // fp32 out): the 16 rows of each product are tokens or head dimensions, and the 8 columns
@@ -45,10 +46,12 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef long long i64;
 
-#define WARPS 4
+#if !defined(WARPS) || !defined(HEAD_DIM) || !defined(GROUP_MAX)
+#error "WARPS, HEAD_DIM and GROUP_MAX come from fp8_decode.py (defines)"
+#endif
+static_assert(HEAD_DIM == 128, "8 k-steps of 16 dimensions per product, 8 output tiles of 16 dimensions");
+static_assert(GROUP_MAX == 8, "a group's query heads are the 8 columns of mma.m16n8k16");
 #define THREADS (WARPS * 32)
-#define HEAD_DIM 128
-#define GROUP_MAX 8
 #define MT (CHUNK / 16)  // 16-token tiles per warp step
 #define NEG_INF __int_as_float(0xff800000u)
 

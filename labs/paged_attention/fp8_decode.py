@@ -33,8 +33,9 @@ SOURCE = Path(__file__).with_name("fp8_decode.cu")
 HEAD_DIM = 128
 GROUP_MAX = 8
 NUM_WARPS = 4
-# Tokens a warp takes per step. 16 keeps the kernel at 114 registers (126 with the split
-# plan) and no spills; 32 spills under a 4-program budget and was slower (NOTES.md, v6).
+# Tokens a warp takes per step. 16 fits the register budget below with no spills (the CPU
+# tests check every specialisation); 32 spills under a 4-program budget and was slower
+# (NOTES.md, v6).
 CHUNK = 16
 # Programs of 4 warps per SM the register budget is cut for (`__launch_bounds__`): 4 x 128
 # threads x 128 registers at most fit in the SM's 65,536, with 16.7 KB of shared memory each.
@@ -79,8 +80,9 @@ def unsupported_reason(q: torch.Tensor, k_cache: torch.Tensor, group_size: int, 
 
 def defines(block_size: int, stride_ct: int, split: bool, q_bf16: bool, chunk: int = CHUNK,
             programs_per_sm: int = PROGRAMS_PER_SM) -> tuple[str, ...]:
-    return (f"-DBLOCK_SIZE={block_size}", f"-DSTRIDE_CT={stride_ct}", f"-DTILE={TILE_N}", f"-DSPLIT={int(split)}", f"-DQ_BF16={int(q_bf16)}",
-            f"-DCHUNK={chunk}", f"-DMIN_BLOCKS={programs_per_sm}")
+    return (f"-DBLOCK_SIZE={block_size}", f"-DSTRIDE_CT={stride_ct}", f"-DTILE={TILE_N}", f"-DSPLIT={int(split)}",
+            f"-DQ_BF16={int(q_bf16)}", f"-DCHUNK={chunk}", f"-DMIN_BLOCKS={programs_per_sm}", f"-DWARPS={NUM_WARPS}",
+            f"-DHEAD_DIM={HEAD_DIM}", f"-DGROUP_MAX={GROUP_MAX}")
 
 
 def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, chunk: int = CHUNK,

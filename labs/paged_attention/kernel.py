@@ -584,12 +584,14 @@ def plan_splits(lens: list[int], targets: tuple[int, int], tile_n: int, split_ca
 
 
 def resolve_backend(q: torch.Tensor, k_cache: torch.Tensor, v_layout: str = "token", backend: str = "auto",
-                    triton_knobs: bool = False) -> str:
+                    tile_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None) -> str:
     """The kernel a call runs: "cuda" (fp8_decode.py) or "triton" (this file).
 
     "auto" takes the CUDA kernel for an fp8 cache wherever it applies, unless a Triton knob
-    was given; "cuda" is an error where it does not apply, with the reason.
+    (tile_n, num_warps, num_stages) was given; "cuda" is an error where it does not apply,
+    with the reason.
     """
+    triton_knobs = bool(tile_n or num_warps or num_stages)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     fp8 = k_cache.dtype == FP8_DTYPE
@@ -715,7 +717,7 @@ def paged_decode(
                 raise ValueError(f"an fp8 cache needs {name}: a one-element float32 tensor on {q.device}")
     elif k_scale is not None or v_scale is not None:
         raise ValueError(f"k_scale and v_scale apply only to an fp8 cache; this one is {k_cache.dtype}")
-    backend = resolve_backend(q, k_cache, v_layout, backend, triton_knobs=bool(tile_n or num_warps or num_stages))
+    backend = resolve_backend(q, k_cache, v_layout, backend, tile_n, num_warps, num_stages)
     if block_tables.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         raise ValueError(f"block_tables and seq_lens must be int32, got {block_tables.dtype} and {seq_lens.dtype}")
     if block_tables.dim() != 2 or block_tables.shape[0] != batch or tuple(seq_lens.shape) != (batch,):
