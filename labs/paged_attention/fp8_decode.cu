@@ -148,6 +148,15 @@ __device__ __forceinline__ int splits_of(i64 len, i64 target, i64 total, int spl
   return (int)(n > 1 ? n : 1);
 }
 
+// Tokens [start, end) of split `split` of n in a sequence of len tokens: kernel.py's split
+// bounds, whole TILEs but the last.
+__device__ __forceinline__ void split_range(int len, int n, int split, int& start, int& end) {
+  const i64 tiles = (len + TILE - 1) / TILE;
+  const i64 lo = (split * tiles / n) * TILE, hi = ((split + 1) * tiles / n) * TILE;
+  start = (int)lo;
+  end = (int)(hi < len ? hi : len);
+}
+
 // What every item lookup needs, computed once per program: the plan's target and total,
 // and this thread's contiguous run of sequences with the splits before it.
 struct Plan {
@@ -234,13 +243,9 @@ __device__ Plan make_plan(const int* __restrict__ seq_lens, int batch, int targe
 __device__ void find_split(const Plan& plan, int item, const int* __restrict__ seq_lens, int split_cap, int& seq,
                            int& start, int& end, bool& direct) {
   if (plan.len >= 0) {
-    const int n = plan.each, split = item % n;
-    const i64 tiles = (plan.len + TILE - 1) / TILE;
-    const i64 lo = (split * tiles / n) * TILE, hi = ((split + 1) * tiles / n) * TILE;
-    seq = item / n;
-    start = (int)lo;
-    end = (int)(hi < plan.len ? hi : plan.len);
-    direct = n == 1;
+    seq = item / plan.each;
+    split_range(plan.len, plan.each, item % plan.each, start, end);
+    direct = plan.each == 1;
     return;
   }
   __shared__ int found[4];
@@ -250,12 +255,11 @@ __device__ void find_split(const Plan& plan, int item, const int* __restrict__ s
       int len = seq_lens[b];
       int n = splits_of(len, plan.target, plan.total, split_cap);
       if (item < first + n) {
-        int split = item - first;
-        i64 tiles = (len + TILE - 1) / TILE;
-        i64 lo = (split * tiles / n) * TILE, hi = ((split + 1) * tiles / n) * TILE;
+        int lo, hi;
+        split_range(len, n, item - first, lo, hi);
         found[0] = b;
-        found[1] = (int)lo;
-        found[2] = (int)(hi < len ? hi : len);
+        found[1] = lo;
+        found[2] = hi;
         found[3] = n == 1;
         break;
       }
