@@ -40,16 +40,19 @@ def nvrtc_available():
     # PyTorch's CUDA wheels bring NVRTC; CI installs one, so there its absence is a failure.
     require_or_skip(HAVE_NVRTC, "NVRTC", "it comes with PyTorch's CUDA wheels (nvidia-cuda-nvrtc)")
 
-# Every specialisation the launcher can ask for: block size x split x query dtype.
-VARIANTS = list(itertools.product((1, 8, 16, 32), (False, True), (False, True)))
+# The specialisations the launcher asks for: block size x split x query dtype for an 8-head
+# pool, and every other program width (KV heads per program) with 16-token blocks.
+VARIANTS = [(b, s, q, fp8_decode.HEADS_MAX) for b, s, q in itertools.product((1, 8, 16, 32), (False, True), (False, True))]
+VARIANTS += [(16, s, True, h) for h in (1, 2, 4) for s in (False, True)]
 
 
-@pytest.mark.parametrize(("block_size", "split", "q_bf16"), VARIANTS,
-                         ids=[f"bs{b}-{'split' if s else 'direct'}-{'bf16' if q else 'fp16'}" for b, s, q in VARIANTS])
-def test_every_specialisation_compiles_within_its_register_budget(nvrtc_available, block_size, split, q_bf16):
-    cubin, log = fp8_decode.compile_variant(90, block_size, 1024, split, q_bf16, verbose=True)
+@pytest.mark.parametrize(("block_size", "split", "q_bf16", "heads"), VARIANTS,
+                         ids=[f"bs{b}-{'split' if s else 'direct'}-{'bf16' if q else 'fp16'}-h{h}"
+                              for b, s, q, h in VARIANTS])
+def test_every_specialisation_compiles_within_its_register_budget(nvrtc_available, block_size, split, q_bf16, heads):
+    cubin, log = fp8_decode.compile_variant(90, block_size, heads * 128, split, q_bf16, heads, verbose=True)
     report = nvrtc.ptxas_report(log)
-    budget = 65536 // (fp8_decode.NUM_WARPS * 32 * fp8_decode.PROGRAMS_PER_SM)
+    budget = 65536 // (heads * 32 * fp8_decode.programs_per_sm(heads))
     assert cubin[:4] == b"\x7fELF", "NVRTC returned no cubin"
     assert 0 < report["registers"] <= budget, report
     assert report["spill_stores"] == report["spill_loads"] == 0, f"spills: {report}"
@@ -135,6 +138,23 @@ def test_gpu_cuda_backend_names_what_it_does_not_take(heads, head_dim, v_layout,
     with pytest.raises(ValueError, match=f"cannot take this call: {message}"):
         _run(problem, backend="cuda")
     _run(problem)  # auto falls back to the Triton kernel
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [None, 3], ids=lambda s: f"splits{s}")
+@pytest.mark.parametrize("num_kv_heads", [1, 3, 4, 6, 8, 12, 32])
+def test_gpu_cuda_fp8_every_program_width(num_kv_heads, num_splits):
+    """A program serves heads_per_program(num_kv_heads) heads, one warp each: 1, 2, 4 or 8 of
+    them, and 12 or 32 heads take several programs per split."""
+    lens = [3000, 1, 17, 64, 65, 700]
+    problem = make_problem(lens, 4 * num_kv_heads, num_kv_heads, 128, 16, torch.bfloat16, "cuda",
+                           kv_dtype=FP8_DTYPE, seed=num_kv_heads)
+    _check(problem, f"kv_heads={num_kv_heads} splits={num_splits}", num_splits=num_splits, max_seq_len=max(lens))
+
+
+def test_heads_per_program_divides_the_pool():
+    assert [fp8_decode.heads_per_program(h) for h in (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 32, 40)] == \
+        [1, 2, 1, 4, 1, 2, 1, 8, 4, 8, 8, 8]
 
 
 @pytest.mark.gpu

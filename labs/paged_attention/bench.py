@@ -466,13 +466,15 @@ def main(argv: list[str] | None = None) -> int:
             **p.kernel_kwargs(), **kw)
 
     def plan(case: Case) -> list[int]:
-        p, c = case.problem, config(case)
+        p, c, used = case.problem, config(case), kernel_of(case)
+        default = kernel.default_config(case.table == "fp8", used)
         if args.num_splits:
             targets = (p.q.shape[0] * args.num_splits,) * 2
         else:
-            targets = kernel.split_targets(p.q.shape[0], p.k_cache.shape[2], env["sm_count"], p.max_seq_len,
-                                           c["tile_n"], c["programs_per_sm"], knobs["ragged_waves"])
-        cap = kernel.MAX_SPLITS if args.num_splits else kernel.default_config(case.table == "fp8", kernel_of(case)).split_cap
+            heads, per_sm = kernel.plan_geometry(used, p.k_cache.shape[2], knobs["programs_per_sm"], default)
+            targets = kernel.split_targets(p.q.shape[0], heads, env["sm_count"], p.max_seq_len,
+                                           c["tile_n"], per_sm, knobs["ragged_waves"])
+        cap = kernel.MAX_SPLITS if args.num_splits else default.split_cap
         return kernel.plan_splits(p.lens, targets, c["tile_n"], cap)
 
     cases = build_cases(torch, names, tables)

@@ -8,15 +8,21 @@
 // program per (sequence, KV head); 1: the split plan), Q_BF16 (queries and output in bf16,
 // else fp16), CHUNK (tokens a warp takes per step: 16 or 32), MIN_BLOCKS (programs per SM
 // the register budget is cut for), TILE (the split plan's unit: every split starts on a
-// multiple of TILE tokens; a multiple of 16), WARPS (warps per program), HEAD_DIM and GROUP_MAX
+// multiple of TILE tokens; a multiple of 16), WARPS (warps per program, one per KV head it serves), HEAD_DIM and GROUP_MAX
 // (most query heads per KV head). fp8_decode.py holds them all; the fragment layout below is
 // written for HEAD_DIM 128 and GROUP_MAX 8, which the static_asserts hold it to.
 //
 // The idea. One warp computes S^T = K Q^T and O^T = V^T P^T with mma.m16n8k16 (fp16 in,
 // fp32 out): the 16 rows of each product are tokens or head dimensions, and the 8 columns
 // are the group's query heads. Each thread loads its own K and V bytes from global memory
-// straight into registers and converts them there; nothing goes through shared memory
-// until the warps combine their results at the end, so there is no barrier in the loop.
+// straight into registers and converts them there; nothing goes through shared memory.
+//
+// One warp per KV head. The warps of a program serve different heads of the same tokens
+// (all 8 of an 8-head pool), so together they read whole KV blocks, and each warp's result
+// is its head's: after the plan no warp waits for another. With one head per program and
+// its 4 warps sharing the tokens, each program read 128-byte pieces of every 1-KB token row,
+// the DRAM served those 10-15% slower than whole blocks, and the warps met at a barrier to
+// combine (NOTES.md, v9).
 //
 // Both products sum over an axis whose order is ours to choose, as long as both operands
 // use the same order. That freedom is what lets every load be 16 contiguous bytes:
@@ -432,9 +438,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_f
     int batch, int group_size, int target_uniform, int target_ragged, int split_cap, float qk_scale,
     i64 stride_qb, i64 stride_qh, i64 stride_cb, i64 stride_ch, i64 stride_tb, i64 stride_ob,
     i64 stride_oh) {
-  const int kv_head = blockIdx.x;
-  const int num_q_heads = gridDim.x * group_size;
+  // Warp w of the program serves KV head blockIdx.x * WARPS + w: the program reads every head
+  // of its tokens, whole 16-KB blocks of an 8-head pool (NOTES.md, v9).
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kv_head = blockIdx.x * WARPS + warp;
+  const int num_q_heads = gridDim.x * WARPS * group_size;
   const int r = lane >> 2, c = lane & 3;
 
 #if SPLIT
@@ -479,59 +487,48 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_f
     const Rows rows{k_cache + kv_head * stride_ch, v_cache + kv_head * stride_ch, block_tables + seq * stride_tb,
                     end, stride_cb, r * STRIDE_CT + 16 * c, 2 * c * STRIDE_CT + 16 * r};
 
-    for (int t = start + warp * CHUNK; t < end; t += WARPS * CHUNK) {
+    for (int t = start; t < end; t += CHUNK) {
       Vec16 kv[MT][2][2], vv[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) fetch_tile(kv[mt], vv[mt], rows, t + 16 * mt, r, c);
       step(state, kv, vv, qf, t, end, score_scale, r, c);
     }
-    __shared__ float o_smem[WARPS][GROUP_MAX][HEAD_DIM];
-    __shared__ float m_smem[WARPS][GROUP_MAX], l_smem[WARPS][GROUP_MAX];
-    float(&acc)[8][4] = state.acc;
-    float m0 = state.m0, m1 = state.m1, l0 = state.l0, l1 = state.l1;
 
-    // Combine the 4 warps' partial softmaxes in shared memory, then write the group's rows.
-    l0 = warp_sum_over_rows(l0);
-    l1 = warp_sum_over_rows(l1);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      o_smem[warp][2 * c][16 * r + 2 * i] = acc[i][0];
-      o_smem[warp][2 * c + 1][16 * r + 2 * i] = acc[i][1];
-      o_smem[warp][2 * c][16 * r + 2 * i + 1] = acc[i][2];
-      o_smem[warp][2 * c + 1][16 * r + 2 * i + 1] = acc[i][3];
-    }
-    if (r == 0) {
-      m_smem[warp][2 * c] = m0;
-      m_smem[warp][2 * c + 1] = m1;
-      l_smem[warp][2 * c] = l0;
-      l_smem[warp][2 * c + 1] = l1;
-    }
-    __syncthreads();
+    // The warp's result is its head's: thread (r, c) holds dimensions 16r..16r+15 of queries
+    // 2c and 2c+1 (O^T tile i, rows 16r+2i and 16r+2i+1), and the column's sum after the
+    // reduction over r. A length-0 sequence has l = 0: it stores 0 and lse = -inf.
+    const float l0 = warp_sum_over_rows(state.l0), l1 = warp_sum_over_rows(state.l1);
     const float out_scale = *v_scale;
-    for (int e = threadIdx.x; e < group_size * HEAD_DIM; e += THREADS) {
-      const int g = e / HEAD_DIM, d = e % HEAD_DIM;
-      float m = NEG_INF;
 #pragma unroll
-      for (int w = 0; w < WARPS; ++w) m = fmaxf(m, m_smem[w][g]);
-      float num = 0.f, den = 0.f;
-      if (m > NEG_INF) {  // -inf only for a length-0 sequence: store 0 and lse = -inf
+    for (int half = 0; half < 2; ++half) {
+      const int g = 2 * c + half;
+      if (g >= group_size) continue;
+      const float l = half ? l1 : l0, m = half ? state.m1 : state.m0;
+      const float inv = l > 0.f ? out_scale / l : 0.f;
+      float v[16];
 #pragma unroll
-        for (int w = 0; w < WARPS; ++w) {
-          const float weight = exp2_approx(m_smem[w][g] - m);  // 0 for a warp that saw no token
-          num += weight * o_smem[w][g][d];
-          den += weight * l_smem[w][g];
-        }
+      for (int i = 0; i < 8; ++i) {
+        v[2 * i] = state.acc[i][half] * inv;
+        v[2 * i + 1] = state.acc[i][2 + half] * inv;
       }
-      const float value = den > 0.f ? num / den * out_scale : 0.f;
       const int head = kv_head * group_size + g;
       if (direct) {
-        out[seq * stride_ob + head * stride_oh + d] = to_output(value);
+        Vec16 packed[2];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) packed[j / 4].w[j % 4] = (u32)to_output(v[2 * j]) | ((u32)to_output(v[2 * j + 1]) << 16);
+        Vec16* dst = reinterpret_cast<Vec16*>(out + seq * stride_ob + head * stride_oh + 16 * r);
+        dst[0] = packed[0];
+        dst[1] = packed[1];
       } else {
         const i64 row = (i64)item * num_q_heads + head;
-        part_out[row * HEAD_DIM + d] = value;
-        if (d == 0) part_lse[row] = den > 0.f ? m + __log2f(den) : NEG_INF;
+        float4* dst = reinterpret_cast<float4*>(part_out + row * HEAD_DIM + 16 * r);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+        if (r == 0) part_lse[row] = l > 0.f ? m + __log2f(l) : NEG_INF;
       }
     }
-    __syncthreads();  // the next item reuses the shared buffers
+#if SPLIT
+    __syncthreads();  // the next item's lookup reuses find_split's shared slots
+#endif
   }
 }

@@ -6,10 +6,11 @@ between warps, and the V tile's trip through shared memory in fp16 to be transpo
 Triton 3.6 generates for any tile, and the fix, transposing the 8-bit V tile in registers,
 cannot be asked for in its language. In CUDA it can: each thread loads its own bytes of K
 and V into registers, pairs the bytes of two tokens with one byte permute, and feeds the
-matrix unit from there (fp8_decode.cu explains the fragment layout). The warps of a program
-never wait for each other until the end. On the H200 it reads an fp8 cache about 1.5-1.8x as
-fast as the Triton kernel reads bf16 on batches of 16 or more (NOTES.md, v6 and v7; the
-recorded rows are in labs/results/paged_attention.json).
+matrix unit from there (fp8_decode.cu explains the fragment layout). Each warp of a program
+serves its own KV head of the same tokens, so a program reads whole KV blocks and its warps
+never wait for each other. On the H200 it reads an fp8 cache about 1.6-1.9x as fast as the
+Triton kernel reads bf16 on batches of 16 or more (NOTES.md, v9; the recorded rows are in
+labs/results/paged_attention.json).
 
 Scope. head_dim 128 and up to 8 query heads per KV head (the Llama, Qwen and Mistral models
 in labs/data; not Gemma's head_dim 256 or DeepSeek-V3's 192), V stored like K (vLLM's
@@ -32,17 +33,23 @@ from labs.paged_attention import nvrtc
 SOURCE = Path(__file__).with_name("fp8_decode.cu")
 HEAD_DIM = 128
 GROUP_MAX = 8
-NUM_WARPS = 4
+# Warps resident per SM, the budget `__launch_bounds__` cuts registers for: 16 x 32 threads x
+# 128 registers = the SM's 65,536.
+WARPS_PER_SM = 16
+# A program has one warp per KV head it serves, and serves up to this many heads of the
+# same tokens: all 8 of a Llama-3-8B pool, so each program reads whole 16-KB blocks
+# (NOTES.md, v9: one head per program read 128-byte pieces of every 1-KB token row and
+# left the DRAM 10-15% below the rate whole blocks get).
+HEADS_MAX = 8
 # Tokens a warp takes per step. 16 fits the register budget below with no spills (the CPU
 # tests check every specialisation); 32 spills under a 4-program budget and was slower
 # (NOTES.md, v6).
 CHUNK = 16
-# Programs of 4 warps per SM the register budget is cut for (`__launch_bounds__`): 4 x 128
-# threads x 128 registers at most fit in the SM's 65,536, with 16.7 KB of shared memory each.
-PROGRAMS_PER_SM = 4
 # The split plan's unit (TILE in the source): every split starts on a multiple of it, and
-# kernel.CUDA_FP8_CONFIG hands it to the plan's host side and to the reduction.
-TILE_N = 64
+# kernel.CUDA_FP8_CONFIG hands it to the plan's host side and to the reduction. A split is
+# one warp's stream per head, so at 64 a batch of one 4K sequence got 32 splits (2 tiles
+# each, MIN_SPLIT_TILES) for 264 program slots: 21.4 us, against 17.1 at 32 (NOTES.md, v9).
+TILE_N = 32
 
 
 def has_e4m3_cvt(device: torch.device) -> bool:
@@ -78,37 +85,52 @@ def unsupported_reason(q: torch.Tensor, k_cache: torch.Tensor, group_size: int, 
     return None
 
 
-def defines(block_size: int, stride_ct: int, split: bool, q_bf16: bool, chunk: int = CHUNK,
-            programs_per_sm: int = PROGRAMS_PER_SM) -> tuple[str, ...]:
+def heads_per_program(num_kv_heads: int) -> int:
+    """KV heads (and warps) per program: the largest power of two up to HEADS_MAX that divides
+    num_kv_heads. A power of two divides WARPS_PER_SM, so every width gets 128 registers."""
+    heads = HEADS_MAX
+    while num_kv_heads % heads:
+        heads //= 2
+    return heads
+
+
+def programs_per_sm(heads: int) -> int:
+    """Programs of `heads` warps that the register budget fits on one SM."""
+    return WARPS_PER_SM // heads
+
+
+def defines(block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int = HEADS_MAX,
+            chunk: int = CHUNK) -> tuple[str, ...]:
     return (f"-DBLOCK_SIZE={block_size}", f"-DSTRIDE_CT={stride_ct}", f"-DTILE={TILE_N}", f"-DSPLIT={int(split)}",
-            f"-DQ_BF16={int(q_bf16)}", f"-DCHUNK={chunk}", f"-DMIN_BLOCKS={programs_per_sm}", f"-DWARPS={NUM_WARPS}",
-            f"-DHEAD_DIM={HEAD_DIM}", f"-DGROUP_MAX={GROUP_MAX}")
+            f"-DQ_BF16={int(q_bf16)}", f"-DCHUNK={chunk}", f"-DMIN_BLOCKS={programs_per_sm(heads)}",
+            f"-DWARPS={heads}", f"-DHEAD_DIM={HEAD_DIM}", f"-DGROUP_MAX={GROUP_MAX}")
 
 
-def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, chunk: int = CHUNK,
-                    programs_per_sm: int = PROGRAMS_PER_SM, verbose: bool = False) -> tuple[bytes, str]:
+def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int = HEADS_MAX,
+                    chunk: int = CHUNK, verbose: bool = False) -> tuple[bytes, str]:
     """(cubin, log) of one specialisation; verbose adds ptxas's register and spill report to the log."""
-    options = defines(block_size, stride_ct, split, q_bf16, chunk, programs_per_sm)
+    options = defines(block_size, stride_ct, split, q_bf16, heads, chunk)
     if verbose:
         options += ("--ptxas-options=-v",)
     return nvrtc.compile_cubin(SOURCE.read_text(), SOURCE.name, arch, options)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool) -> nvrtc.Kernel:
+def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int) -> nvrtc.Kernel:
     major, minor = torch.cuda.get_device_capability(device_index)  # has_e4m3_cvt: unsupported_reason checked
     with torch.cuda.device(device_index):
-        cubin, _ = compile_variant(major * 10 + minor, block_size, stride_ct, split, q_bf16)
+        cubin, _ = compile_variant(major * 10 + minor, block_size, stride_ct, split, q_bf16, heads)
         return nvrtc.Kernel(cubin, "paged_decode_fp8")
 
 
 def launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, part_out, part_lse, *,
            items: int, group_size: int, targets: tuple[int, int], split_cap: int, qk_scale: float,
            split: bool) -> None:
-    """One launch over the grid (num_kv_heads, items); kernel.paged_decode has checked the inputs."""
+    """One launch over the grid (head groups, items); kernel.paged_decode has checked the inputs."""
     num_kv_heads = k_cache.shape[2]
+    heads = heads_per_program(num_kv_heads)
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16)
+    fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16, heads)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
     i64 = ctypes.c_longlong
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(block_tables), ptr(seq_lens), ptr(k_scale), ptr(v_scale),
@@ -118,4 +140,4 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, p
             i64(q.stride(0)), i64(q.stride(1)),
             i64(k_cache.stride(0)), i64(k_cache.stride(2)),  # bytes: 1-byte elements
             i64(block_tables.stride(0)), i64(out.stride(0)), i64(out.stride(1))]
-    fn((num_kv_heads, items, 1), (NUM_WARPS * 32, 1, 1), args)
+    fn((num_kv_heads // heads, items, 1), (heads * 32, 1, 1), args)

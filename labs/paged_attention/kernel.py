@@ -445,6 +445,10 @@ SPLIT_CAP = 64
 # splits of 32 tiles; the other ragged batches moved by under 0.2% (NOTES.md, v5).
 # bf16 keeps 64: 128 took it from 176.6 to 185.1 us on the same batch.
 FP8_SPLIT_CAP = 128
+# The CUDA fp8 kernel gives each split one warp per head where the Triton kernels give it
+# 4 or 2, so a sequence needs 4x the splits for the same work per warp: at 64 the one-long
+# batch took 177.5 us, at 256 124.1 (NOTES.md, v9).
+CUDA_FP8_SPLIT_CAP = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -463,8 +467,10 @@ FP8_CONFIG = Config(FP8_TILE_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_RESIDENT_PROG
 
 
 # The CUDA fp8 kernel (fp8_decode.py): its split plan's unit, its warps and its programs
-# per SM are that module's. Stages do not apply (it loads into registers): 1.
-CUDA_FP8_CONFIG = Config(fp8_decode.TILE_N, fp8_decode.NUM_WARPS, 1, fp8_decode.PROGRAMS_PER_SM, SPLIT_CAP)
+# per SM are that module's, for an 8-head pool (plan_geometry gives them for any other).
+# Stages do not apply (it loads into registers): 1.
+CUDA_FP8_CONFIG = Config(fp8_decode.TILE_N, fp8_decode.HEADS_MAX, 1, fp8_decode.programs_per_sm(fp8_decode.HEADS_MAX),
+                         CUDA_FP8_SPLIT_CAP)
 # Which kernel serves an fp8 cache: "auto" takes the CUDA one wherever it applies.
 BACKENDS = ("auto", "triton", "cuda")
 
@@ -475,6 +481,17 @@ def default_config(fp8: bool, backend: str = "triton") -> Config:
     if backend == "cuda":
         return CUDA_FP8_CONFIG
     return FP8_CONFIG if fp8 else BF16_CONFIG
+
+
+def plan_geometry(backend: str, num_kv_heads: int, programs_per_sm: int | None = None,
+                  config: Config = BF16_CONFIG) -> tuple[int, int]:
+    """(programs per split, programs per SM): what the split plan counts for a pool of
+    num_kv_heads heads. A Triton program serves one KV head; a CUDA one serves
+    fp8_decode.heads_per_program of them, one warp each, so it has fewer, wider programs."""
+    if backend == "cuda":
+        heads = fp8_decode.heads_per_program(num_kv_heads)
+        return num_kv_heads // heads, programs_per_sm or fp8_decode.programs_per_sm(heads)
+    return num_kv_heads, programs_per_sm or config.programs_per_sm
 # The split plan holds one lane per sequence in every program.
 MAX_BATCH = 4096
 # Splits the reduction combines per loop step: SPLIT_CAP, so an unforced plan takes one
@@ -490,6 +507,11 @@ REDUCE_CHUNK_BATCHED = 8
 # 82.1 / 82.8 / 87.7 / 102.2 us; b32-l4k: 142.8 / 144.6 / 145.6 / 152.7; NOTES.md, v4).
 # Up to REDUCE_WIDE_MAX_BATCH the 64-split chunk keeps 4 warps, as recorded at B = 1.
 REDUCE_NUM_WARPS_BATCHED = 1
+# The CUDA fp8 kernel's plan gives a long sequence up to CUDA_FP8_SPLIT_CAP splits, which 8
+# per step reduce in 32 dependent steps: the one-long batch took 124.5 us at 8, 112.7 at 32
+# and 146.3 at 64; the lognormal one 254.7 / 258.3 / 283.2, b32-l4k 82.8 / 82.9 / 119.9
+# (NOTES.md, v9).
+REDUCE_CHUNK_CUDA_FP8 = 32
 # Registers per thread for the decode kernel: 128 x 128 threads x 4 programs = the SM's
 # 65,536, so RESIDENT_PROGRAMS holds. Left to itself, Triton 3.6 gave the split variant
 # 124-155 registers (3 programs per SM) and the fp8 one 199 (2 per SM); at 128 the
@@ -739,7 +761,7 @@ def paged_decode(
     tile_n = tile_n or config.tile_n
     num_warps = num_warps or config.num_warps
     num_stages = num_stages or config.num_stages
-    programs_per_sm = programs_per_sm or config.programs_per_sm
+    plan_heads, programs_per_sm = plan_geometry(backend, num_kv_heads, programs_per_sm, config)
     if tile_n < 16 or tile_n & (tile_n - 1):
         raise ValueError(f"tile_n must be a power of 2 and >= 16 (tl.dot's minimum), got {tile_n}")
     if max_seq_len is not None and max_seq_len > block_tables.shape[1] * block_size:
@@ -756,7 +778,7 @@ def paged_decode(
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     if num_splits is None and device.type == "cuda":
         num_sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        targets = split_targets(batch, num_kv_heads, num_sms, max_seq_len, tile_n, programs_per_sm, ragged_waves)
+        targets = split_targets(batch, plan_heads, num_sms, max_seq_len, tile_n, programs_per_sm, ragged_waves)
     elif num_splits is None or num_splits == 1:
         targets = (batch, batch)  # one split per sequence: the plan is skipped
     else:
@@ -828,7 +850,7 @@ def paged_decode(
                 out.stride(0), out.stride(1))
         wide = batch <= REDUCE_WIDE_MAX_BATCH
         kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n,
-                      S_CHUNK=REDUCE_CHUNK if wide else REDUCE_CHUNK_BATCHED,
+                      S_CHUNK=REDUCE_CHUNK if wide else REDUCE_CHUNK_CUDA_FP8 if backend == "cuda" else REDUCE_CHUNK_BATCHED,
                       num_warps=4 if wide else REDUCE_NUM_WARPS_BATCHED, num_stages=2)
         if use_gdc:
             _launch_reduce((batch, num_q_heads), args, kwargs)
