@@ -98,7 +98,7 @@ def _assert_table_matches(markdown: str, gpus: dict) -> None:
     assert [c[0] for c in compact] == [f"`{r['shape']}`" for _, r in expected]
     for cells, (_, r) in zip(compact, expected):
         assert len(cells) == 6
-        assert _num(cells[1]) == pytest.approx(r["time_us"], abs=0.05)
+        assert _num(cells[1]) == pytest.approx(r["time_us"], abs=0.0501)  # 498.75 shows as 498.8
         assert _num(cells[3]) == r["copy_fraction"] and _num(cells[5]) == r["ratio_to_sdpa"]
     assert len(rows) == len(expected), f"{len(rows)} table rows for {len(expected)} recorded rows"
     for cells, (e, r) in zip(rows, expected):
@@ -249,7 +249,9 @@ def test_the_other_tables_show_the_recorded_numbers():
             md = macro(gpu=label)
             lines = [line for line in md.splitlines() if line.startswith("| `")]
             assert len(lines) == len(rows)
-            assert e["gpu"] in md and e["date"] in md
+            assert e["gpu"] in md
+            for day in {r["run"]["date"] for r in rows}:  # each run its rows come from is dated
+                assert day in md, (table, day)
             for line, r in zip(lines, rows, strict=True):
                 assert line.startswith(f"| `{r['shape']}` |")
                 numbers = [float(x) for x in re.findall(r"(?<![\w.])\d[\d,]*\.?\d*", line.replace(",", ""))]
