@@ -5,11 +5,11 @@
 //
 // Defined by the compiler's command line: BLOCK_SIZE (tokens per KV block), STRIDE_CT (bytes
 // between a block's tokens: num_kv_heads x 128 for a contiguous pool), SPLIT (0: one
-// program per (sequence, KV head); 1: the split plan), Q_BF16 (queries and output in bf16,
-// else fp16), CHUNK (tokens a warp takes per step: 16 or 32), MIN_BLOCKS (programs per SM
-// the register budget is cut for), TILE (the split plan's unit: every split starts on a
-// multiple of TILE tokens; a multiple of 16), WARPS (warps per program, one per KV head it serves), HEAD_DIM and GROUP_MAX
-// (most query heads per KV head). fp8_decode.py holds them all; the fragment layout below is
+// program per (sequence, group of KV heads); 1: the split plan), Q_BF16 (queries and output
+// in bf16, else fp16), CHUNK (tokens a warp takes per step: 16 or 32), MIN_BLOCKS (programs
+// per SM the register budget is cut for), TILE (the split plan's unit: every split starts on
+// a multiple of TILE tokens; a multiple of 16), WARPS (warps per program: one per KV head it
+// serves), HEAD_DIM and GROUP_MAX (most query heads per KV head). fp8_decode.py holds them all; the fragment layout below is
 // written for HEAD_DIM 128 and GROUP_MAX 8, which the static_asserts hold it to.
 //
 // The idea. One warp computes S^T = K Q^T and O^T = V^T P^T with mma.m16n8k16 (fp16 in,

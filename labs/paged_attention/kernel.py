@@ -38,7 +38,8 @@ CUDA graph, and a replay with new lengths gets a new plan.
 An fp8 cache on a CUDA GPU goes, where it can, to a second kernel written in CUDA C++
 (`fp8_decode.cu`, launched from `fp8_decode.py`): same maths, same split plan, same
 partials and the same reduction kernel as here, but it transposes the 8-bit V tile in
-registers, which Triton 3.6 cannot be asked to do. `resolve_backend` picks.
+registers, which Triton 3.6 cannot be asked to do, and each of its programs serves several
+KV heads, one warp each (`plan_geometry` tells the plan). `resolve_backend` picks.
 
 Caution:
 
