@@ -31,7 +31,10 @@ so token slot `s = block_id * block_size + offset` is row `s` of the flat view
 * The decode kernel works on one (sequence, KV head) pair. For each token it reads one
   contiguous row of head_dim elements: 256 bytes at head_dim 128 in bf16, two whole
   128-byte lines. Threads load 16-byte vectors along head_dim, so every byte of every
-  line fetched is used; the stride between rows does not cost bandwidth.
+  line fetched is used; in bf16 the stride between rows does not cost bandwidth. In fp8 a
+  row is 128 bytes, and one head's rows read by one program at a time came 10-15% below
+  the DRAM rate of whole blocks, so the CUDA fp8 kernel has each program read every head of
+  its tokens (NOTES.md, v9).
 * vLLM 0.33 describes a layer's cache by a logical shape [blocks, KV heads, tokens,
   content] and lets each backend pick the physical order; with no preference the first
   choice is LBNHC, tokens before heads, which is this order (`vllm/v1/kv_cache_layout.py`,
