@@ -493,6 +493,8 @@ def plan_geometry(backend: str, num_kv_heads: int, programs_per_sm: int | None =
         heads = fp8_decode.heads_per_program(num_kv_heads)
         return num_kv_heads // heads, programs_per_sm or fp8_decode.programs_per_sm(heads)
     return num_kv_heads, programs_per_sm or config.programs_per_sm
+
+
 # The split plan holds one lane per sequence in every program.
 MAX_BATCH = 4096
 # Splits the reduction combines per loop step: SPLIT_CAP, so an unforced plan takes one
