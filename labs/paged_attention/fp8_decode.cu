@@ -9,8 +9,9 @@
 // in bf16, else fp16), CHUNK (tokens a warp takes per step: 16 or 32), MIN_BLOCKS (programs
 // per SM the register budget is cut for), TILE (the split plan's unit: every split starts on
 // a multiple of TILE tokens; a multiple of 16), WARPS (warps per program: one per KV head it
-// serves), HEAD_DIM and GROUP_MAX (most query heads per KV head). fp8_decode.py holds them all; the fragment layout below is
-// written for HEAD_DIM 128 and GROUP_MAX 8, which the static_asserts hold it to.
+// serves), HEAD_DIM and GROUP_MAX (most query heads per KV head). fp8_decode.py holds them
+// all; the fragment layout below is written for HEAD_DIM 128 and GROUP_MAX 8, which the
+// static_asserts hold it to.
 //
 // The idea. One warp computes S^T = K Q^T and O^T = V^T P^T with mma.m16n8k16 (fp16 in,
 // fp32 out): the 16 rows of each product are tokens or head dimensions, and the 8 columns
@@ -38,15 +39,17 @@
 // * P leaves the first product with tokens on rows and queries on columns; the second needs
 //   it the other way round. movmatrix transposes each 8x8 fp16 block across the warp.
 //
-// What sets the speed is instructions per byte, not the loads in flight (NOTES.md, v6): with
-// the address of every load worked out per token, the loop took 535 instructions per 16
-// tokens and ran no faster than the Triton kernel. A 16-token tile lies in one KV block, so
+// Instructions per byte set the first version's speed, not the loads in flight (NOTES.md,
+// v6): with the address of every load worked out per token, the loop took 535 instructions
+// per 16 tokens and ran no faster than the Triton kernel. A 16-token tile lies in one KV block, so
 // here each tile costs one block-table entry and one 64-bit product, and the 8 loads are
 // fixed offsets (immediates) from two pointers: 273 instructions in the loop's code, the
 // last-chunk masking and the rescale included (most chunks skip both), of which 66 convert
 // e4m3 to fp16 and 16 are the products. Prefetching the next chunk into registers,
 // a per-warp ring of asynchronous copies in shared memory, and a fifth program per SM
-// (queries in shared memory to free registers) were each slower.
+// (queries in shared memory to free registers) were each slower. With the loop this short,
+// the maths is hidden behind the loads, and what set the speed next was the order of the
+// reads, which one warp per KV head fixed (NOTES.md, v9).
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -515,7 +518,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_f
       if (direct) {
         Vec16 packed[2];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) packed[j / 4].w[j % 4] = (u32)to_output(v[2 * j]) | ((u32)to_output(v[2 * j + 1]) << 16);
+        for (int j = 0; j < 8; ++j) {
+          packed[j / 4].w[j % 4] = (u32)to_output(v[2 * j]) | ((u32)to_output(v[2 * j + 1]) << 16);
+        }
         Vec16* dst = reinterpret_cast<Vec16*>(out + seq * stride_ob + head * stride_oh + 16 * r);
         dst[0] = packed[0];
         dst[1] = packed[1];

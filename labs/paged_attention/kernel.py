@@ -451,6 +451,25 @@ FP8_SPLIT_CAP = 128
 # batch took 177.5 us, at 256 124.1 (NOTES.md, v9).
 CUDA_FP8_SPLIT_CAP = 256
 
+# Splits the reduction combines per loop step: SPLIT_CAP, so an unforced plan takes one
+# step. At 32, the 60 splits of a B = 1 batch took two dependent steps (NOTES.md, v3).
+REDUCE_CHUNK = 64
+# ... but only up to this batch. With more sequences there are B x Hq reduction programs
+# of a few splits each, and what each program costs counts: at (16, 4,096, 128 heads) the
+# 64-split chunk took 93.7 us in all, 8 splits 87.6 (NOTES.md, v4).
+REDUCE_WIDE_MAX_BATCH = 4
+REDUCE_CHUNK_BATCHED = 8
+# One warp per reduction program at those batches: a program combines one head's 128
+# values over 8 splits, and 1 warp beat 2, 4 and 8 on every split shape timed (g16-b16:
+# 82.1 / 82.8 / 87.7 / 102.2 us; b32-l4k: 142.8 / 144.6 / 145.6 / 152.7; NOTES.md, v4).
+# Up to REDUCE_WIDE_MAX_BATCH the 64-split chunk keeps 4 warps, as recorded at B = 1.
+REDUCE_NUM_WARPS_BATCHED = 1
+# The CUDA fp8 kernel's plan gives a long sequence up to CUDA_FP8_SPLIT_CAP splits, which
+# REDUCE_CHUNK_BATCHED per step reduce in 32 dependent steps: the one-long batch took
+# 124.5 us at 8, 112.7 at 32 and 146.3 at 64; the lognormal one 254.7 / 258.3 / 283.2,
+# b32-l4k 82.8 / 82.9 / 119.9 (NOTES.md, v9). Each Config holds its kernel's chunk.
+REDUCE_CHUNK_CUDA_FP8 = 32
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -461,17 +480,20 @@ class Config:
     num_stages: int
     programs_per_sm: int
     split_cap: int
+    reduce_chunk: int  # splits the reduction combines per step from REDUCE_WIDE_MAX_BATCH + 1 sequences up
 
 
-BF16_CONFIG = Config(DEFAULT_TILE_N, DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES, RESIDENT_PROGRAMS, SPLIT_CAP)
-FP8_CONFIG = Config(FP8_TILE_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_RESIDENT_PROGRAMS, FP8_SPLIT_CAP)
+BF16_CONFIG = Config(DEFAULT_TILE_N, DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES, RESIDENT_PROGRAMS, SPLIT_CAP,
+                     REDUCE_CHUNK_BATCHED)
+FP8_CONFIG = Config(FP8_TILE_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_RESIDENT_PROGRAMS, FP8_SPLIT_CAP,
+                    REDUCE_CHUNK_BATCHED)
 
 
 # The CUDA fp8 kernel (fp8_decode.py): its split plan's unit, its warps and its programs
 # per SM are that module's, for an 8-head pool (plan_geometry gives them for any other).
 # Stages do not apply (it loads into registers): 1.
 CUDA_FP8_CONFIG = Config(fp8_decode.TILE_N, fp8_decode.HEADS_MAX, 1, fp8_decode.programs_per_sm(fp8_decode.HEADS_MAX),
-                         CUDA_FP8_SPLIT_CAP)
+                         CUDA_FP8_SPLIT_CAP, REDUCE_CHUNK_CUDA_FP8)
 # Which kernel serves an fp8 cache: "auto" takes the CUDA one wherever it applies.
 BACKENDS = ("auto", "triton", "cuda")
 
@@ -497,24 +519,6 @@ def plan_geometry(backend: str, num_kv_heads: int, programs_per_sm: int | None =
 
 # The split plan holds one lane per sequence in every program.
 MAX_BATCH = 4096
-# Splits the reduction combines per loop step: SPLIT_CAP, so an unforced plan takes one
-# step. At 32, the 60 splits of a B = 1 batch took two dependent steps (NOTES.md, v3).
-REDUCE_CHUNK = 64
-# ... but only up to this batch. With more sequences there are B x Hq reduction programs
-# of a few splits each, and what each program costs counts: at (16, 4,096, 128 heads) the
-# 64-split chunk took 93.7 us in all, 8 splits 87.6 (NOTES.md, v4).
-REDUCE_WIDE_MAX_BATCH = 4
-REDUCE_CHUNK_BATCHED = 8
-# One warp per reduction program at those batches: a program combines one head's 128
-# values over 8 splits, and 1 warp beat 2, 4 and 8 on every split shape timed (g16-b16:
-# 82.1 / 82.8 / 87.7 / 102.2 us; b32-l4k: 142.8 / 144.6 / 145.6 / 152.7; NOTES.md, v4).
-# Up to REDUCE_WIDE_MAX_BATCH the 64-split chunk keeps 4 warps, as recorded at B = 1.
-REDUCE_NUM_WARPS_BATCHED = 1
-# The CUDA fp8 kernel's plan gives a long sequence up to CUDA_FP8_SPLIT_CAP splits, which 8
-# per step reduce in 32 dependent steps: the one-long batch took 124.5 us at 8, 112.7 at 32
-# and 146.3 at 64; the lognormal one 254.7 / 258.3 / 283.2, b32-l4k 82.8 / 82.9 / 119.9
-# (NOTES.md, v9).
-REDUCE_CHUNK_CUDA_FP8 = 32
 # Registers per thread for the decode kernel: 128 x 128 threads x 4 programs = the SM's
 # 65,536, so RESIDENT_PROGRAMS holds. Left to itself, Triton 3.6 gave the split variant
 # 124-155 registers (3 programs per SM) and the fp8 one 199 (2 per SM); at 128 the
@@ -853,7 +857,7 @@ def paged_decode(
                 out.stride(0), out.stride(1))
         wide = batch <= REDUCE_WIDE_MAX_BATCH
         kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n,
-                      S_CHUNK=REDUCE_CHUNK if wide else REDUCE_CHUNK_CUDA_FP8 if backend == "cuda" else REDUCE_CHUNK_BATCHED,
+                      S_CHUNK=REDUCE_CHUNK if wide else config.reduce_chunk,
                       num_warps=4 if wide else REDUCE_NUM_WARPS_BATCHED, num_stages=2)
         if use_gdc:
             _launch_reduce((batch, num_q_heads), args, kwargs)
