@@ -29,6 +29,7 @@ from labs.paged_attention.kernel import (  # noqa: E402
     MAX_SPLITS,
     MIN_WAVE_FILL,
     choose_num_splits,
+    chunked_plan,
     paged_decode,
     plan_splits,
     split_reduce_kernel,
@@ -305,7 +306,8 @@ def test_reduction_gives_empty_splits_zero_weight_even_over_nan():
     part[3] = float("nan")
     out = torch.empty(1, heads, d, device=DEVICE)
     split_reduce_kernel[(1, heads)](part, lse, out, seq_lens, 1, 4, 4, 64, out.stride(0), out.stride(1),
-                                    HEAD_DIM=d, D_PAD=d, B_PAD=1, TILE_N=16, S_CHUNK=2, USE_GDC=False)
+                                    HEAD_DIM=d, D_PAD=d, B_PAD=1, TILE_N=16, S_CHUNK=2, S_SMALL=0, CHUNKED=False,
+                                    RANK_MAX=0, USE_GDC=False)
     w = torch.exp2(lse[[0, 2], 0] - 1.0)
     expected = (w[0] * part[0] + w[1] * part[2]) / w.sum()
     torch.testing.assert_close(out[0], expected)
@@ -365,6 +367,81 @@ def test_split_counts_follow_the_lengths():
     assert sum(counts) <= 40 + len(lens), "the grid holds target + batch splits"
     assert plan_splits([512] * 4, (12, 40), 16) == [3] * 4, "equal lengths use the uniform target"
     assert plan_splits([5, 3], (2, 2), 16) == [1, 1], "target <= batch: no split at all"
+
+
+CHUNKED_CASES = [
+    # (lengths, targets, tile, cap, rank_max)
+    ([4000, 100, 100, 0, 1, 4096, 33, 100], (16, 40), 16, 64, 256),  # ties, a zero, one exact chunk
+    ([131072] + [512] * 63, (128, 528), 32, 128, 256),  # one long sequence: longer chunks, at most cap
+    (list(range(1, 3000, 97)), (31, 200), 32, 128, 4),  # past rank_max: sequence order
+    ([700, 700, 700, 5], (8, 8), 16, 64, 256),
+]
+
+
+@pytest.mark.parametrize(("lens", "targets", "tile", "cap", "rank_max"), CHUNKED_CASES)
+def test_chunked_plan_covers_every_token_once_full_chunks_first(lens, targets, tile, cap, rank_max):
+    """The CUDA kernel's ragged plan: equal chunks in sequence order, then the remainders,
+    longest first (sequence order past rank_max), within the grid the host sized."""
+    items = chunked_plan(lens, targets, tile, cap, rank_max)
+    assert len(items) <= max(targets) + len(lens), "the grid holds target + batch items"
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for seq, lo, hi in items:
+        assert lo % tile == 0 and (lo < hi or lens[seq] == 0)
+        spans.setdefault(seq, []).append((lo, hi))
+    for seq, n in enumerate(lens):
+        cover = sorted(spans[seq])
+        assert cover[0][0] == 0 and cover[-1][1] == n, f"sequence {seq} not covered: {cover}"
+        assert all(a[1] == b[0] for a, b in zip(cover, cover[1:])), f"sequence {seq}: gaps or overlaps {cover}"
+        assert len(cover) <= cap
+    # The rule, stated once more: one chunk size (longer where cap chunks would not hold a
+    # sequence), the full chunks in sequence order, then one remainder per sequence.
+    chunk = tile * -(-sum(lens) // (targets[1] * tile))
+    sizes = [max(chunk, tile * -(-(-(-n // tile)) // cap)) for n in lens]  # ceil(ceil(n / tile) / cap) tiles
+    full = [(seq, j * size, (j + 1) * size) for seq, (n, size) in enumerate(zip(lens, sizes)) for j in range(n // size)]
+    assert items[:len(full)] == full, "full chunks first, in sequence order"
+    rests = items[len(full):]
+    assert sorted(seq for seq, _, _ in rests) == [seq for seq, n in enumerate(lens) if n % sizes[seq] or n == 0]
+    lengths = [hi - lo for _, lo, hi in rests]
+    if len(lens) <= rank_max:
+        assert lengths == sorted(lengths, reverse=True), "remainders longest first"
+    else:
+        assert [seq for seq, _, _ in rests] == sorted(seq for seq, _, _ in rests), "remainders in sequence order"
+
+
+def test_chunked_plan_keeps_equal_lengths_proportional():
+    items = chunked_plan([512] * 4, (12, 40), 16, 64)
+    assert [s for s, _, _ in items] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3], "3 splits each, in sequence order"
+    assert chunked_plan([5, 3], (2, 2), 16, 64) == [(0, 0, 5), (1, 0, 3)], "target <= batch: one item each"
+
+
+@pytest.mark.parametrize("rank_max", [256, 2])
+def test_reduction_follows_the_chunked_plan(rank_max):
+    """split_reduce_kernel with CHUNKED finds each sequence's rows where chunked_plan put them
+    (the CUDA kernel writes them there); rows of one-item sequences are left to the kernel."""
+    if DEVICE == "cpu":
+        from labs.paged_attention.interpreter_compat import patch_interpreter_index
+
+        patch_interpreter_index()
+    lens, targets, tile, cap = [300, 16, 0, 130, 300, 47], (6, 24), 16, 64
+    items = chunked_plan(lens, targets, tile, cap, rank_max)
+    heads, d = 2, 16
+    gen = torch.Generator().manual_seed(7)
+    part = torch.randn(len(items), heads, d, generator=gen).to(DEVICE)
+    lse = (4 * torch.rand(len(items), heads, generator=gen)).to(DEVICE)
+    out = torch.full((len(lens), heads, d), 123.0, device=DEVICE)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    split_reduce_kernel[(len(lens), heads)](
+        part, lse, out, seq_lens, len(lens), targets[0], targets[1], cap, out.stride(0), out.stride(1),
+        HEAD_DIM=d, D_PAD=d, B_PAD=8, TILE_N=tile, S_CHUNK=4, S_SMALL=2, CHUNKED=True, RANK_MAX=rank_max,
+        USE_GDC=False)
+    for seq in range(len(lens)):
+        rows = [k for k, (s, _, _) in enumerate(items) if s == seq]
+        if len(rows) == 1:
+            assert (out[seq] == 123.0).all(), f"sequence {seq} has one item: the kernel writes it, not the reduction"
+            continue
+        w = torch.exp2(lse[rows] - lse[rows].max(dim=0).values)  # (splits, heads)
+        expected = (w[:, :, None] * part[rows]).sum(0) / w.sum(0)[:, None]
+        torch.testing.assert_close(out[seq], expected, msg=f"sequence {seq}, rows {rows}")
 
 
 def test_split_targets_need_no_lengths():

@@ -52,7 +52,8 @@ VARIANTS += [(16, s, True, h) for h in (1, 2, 4) for s in (False, True)]
 def test_every_specialisation_compiles_within_its_register_budget(nvrtc_available, block_size, split, q_bf16, heads):
     cubin, log = fp8_decode.compile_variant(90, block_size, heads * 128, split, q_bf16, heads, verbose=True)
     report = nvrtc.ptxas_report(log)
-    budget = 65536 // (heads * 32 * fp8_decode.programs_per_sm(heads))
+    threads = heads * fp8_decode.WARPS_PER_HEAD * 32
+    budget = 65536 // (threads * fp8_decode.programs_per_sm(heads))
     assert cubin[:4] == b"\x7fELF", "NVRTC returned no cubin"
     assert 0 < report["registers"] <= budget, report
     assert report["spill_stores"] == report["spill_loads"] == 0, f"spills: {report}"
@@ -165,6 +166,21 @@ def test_gpu_cuda_fp8_zero_length_rows_are_zero():
     for splits in (None, 1, 5):
         out = _check(problem, f"splits={splits}", num_splits=splits)
         assert out[0].abs().max() == 0 and out[2].abs().max() == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [3, 256, 257, 600])
+def test_gpu_cuda_fp8_chunked_plan_at_every_batch_size(batch):
+    """Unequal lengths take kernel.chunked_plan: the remainders ranked longest first up to
+    RANK_MAX_BATCH sequences and in sequence order past it, with ties and zero lengths."""
+    rng = random.Random(batch)
+    lens = [5000] + [rng.choice([1, 16, 300, 300, rng.randint(1, 2000)]) for _ in range(batch - 1)]
+    problem = _problem(lens, 4, 16, torch.bfloat16, "cuda", seed=batch)
+    for i in range(1, batch, 7):  # padding slots of a captured batch
+        problem.seq_lens[i] = 0
+        problem.lens[i] = 0
+    out = _check(problem, f"batch={batch}", max_seq_len=max(lens))
+    assert out[1].abs().max() == 0
 
 
 @pytest.mark.gpu

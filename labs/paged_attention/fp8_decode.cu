@@ -8,9 +8,9 @@
 // program per (sequence, group of KV heads); 1: the split plan), Q_BF16 (queries and output
 // in bf16, else fp16), CHUNK (tokens a warp takes per step: 16 or 32), MIN_BLOCKS (programs
 // per SM the register budget is cut for), TILE (the split plan's unit: every split starts on
-// a multiple of TILE tokens; a multiple of 16), WARPS (warps per program: one per KV head it
-// serves), HEAD_DIM and GROUP_MAX (most query heads per KV head). fp8_decode.py holds them
-// all; the fragment layout below is written for HEAD_DIM 128 and GROUP_MAX 8, which the
+// a multiple of TILE tokens; a multiple of 16), HEADS (KV heads a program serves), WPH (warps
+// per KV head: 1 or 2), RANK_MAX (most sequences whose remainders the ragged plan ranks),
+// HEAD_DIM and GROUP_MAX (most query heads per KV head). fp8_decode.py holds them all; the fragment layout below is written for HEAD_DIM 128 and GROUP_MAX 8, which the
 // static_asserts hold it to.
 //
 // The idea. One warp computes S^T = K Q^T and O^T = V^T P^T with mma.m16n8k16 (fp16 in,
@@ -18,12 +18,13 @@
 // are the group's query heads. Each thread loads its own K and V bytes from global memory
 // straight into registers and converts them there; nothing goes through shared memory.
 //
-// One warp per KV head. The warps of a program serve different heads of the same tokens
-// (all 8 of an 8-head pool), so together they read whole KV blocks, and each warp's result
-// is its head's: after the plan no warp waits for another. With one head per program and
-// its 4 warps sharing the tokens, each program read 128-byte pieces of every 1-KB token row,
-// the DRAM served those 10-15% slower than whole blocks, and the warps met at a barrier to
-// combine (NOTES.md, v9).
+// Two warps per KV head. The warps of a program serve different heads of the same tokens
+// (all 8 of an 8-head pool), so together they read whole KV blocks. With one head per program
+// and its 4 warps sharing the tokens, each program read 128-byte pieces of every 1-KB token
+// row, and the DRAM served those 10-15% slower than whole blocks (NOTES.md, v9). A head's two
+// warps take alternate 16-token chunks of the split, and the second hands its softmax state
+// to the first through shared memory at the end: one program of 16 warps per SM, half the
+// splits of one warp per head, and no split at all for (128, 2,048) (NOTES.md, v10).
 //
 // Both products sum over an axis whose order is ours to choose, as long as both operands
 // use the same order. That freedom is what lets every load be 16 contiguous bytes:
@@ -55,9 +56,11 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef long long i64;
 
-#if !defined(WARPS) || !defined(HEAD_DIM) || !defined(GROUP_MAX)
-#error "WARPS, HEAD_DIM and GROUP_MAX come from fp8_decode.py (defines)"
+#if !defined(HEADS) || !defined(WPH) || !defined(HEAD_DIM) || !defined(GROUP_MAX)
+#error "HEADS, WPH, HEAD_DIM and GROUP_MAX come from fp8_decode.py (defines)"
 #endif
+static_assert(WPH == 1 || WPH == 2, "a head's second warp hands its state to the first through shared memory");
+#define WARPS (HEADS * WPH)
 static_assert(HEAD_DIM == 128, "8 k-steps of 16 dimensions per product, 8 output tiles of 16 dimensions");
 static_assert(GROUP_MAX == 8, "a group's query heads are the 8 columns of mma.m16n8k16");
 #define THREADS (WARPS * 32)
@@ -166,22 +169,46 @@ __device__ __forceinline__ void split_range(int len, int n, int split, int& star
   end = (int)(hi < len ? hi : len);
 }
 
-// What every item lookup needs, computed once per program: the plan's target and total,
-// and this thread's contiguous run of sequences with the splits before it.
+// The ragged plan (lengths differ), kernel.py's chunked_plan: every sequence is cut into chunks
+// of one size, `chunk` tokens (a multiple of TILE, about total / target), and a remainder.
+// Items are all the full chunks first, in sequence order, then the remainders from longest
+// to shortest (sequence order among equals; plain sequence order above RANK_MAX sequences).
+// A slot that frees up late then takes the shortest work left, where a proportional split
+// left the last wave 0.5-1 chunk uneven (NOTES.md, v10). A sequence too long for split_cap
+// chunks gets longer ones.
+__device__ __forceinline__ int chunk_of(int len, int chunk, int split_cap) {
+  const int tiles = (len + TILE - 1) / TILE;
+  const int least = TILE * ((tiles + split_cap - 1) / split_cap);
+  return chunk > least ? chunk : least;
+}
+
+// Tokens left after the full chunks, or -1 when the sequence has no remainder item. A
+// length-0 sequence has one, of 0 tokens: its item writes the zero row.
+__device__ __forceinline__ int remainder_of(int len, int chunk, int split_cap) {
+  const int rest = len % chunk_of(len, chunk, split_cap);
+  return rest > 0 || len == 0 ? rest : -1;
+}
+
+// What every item lookup needs, computed once per program: the plan's target, total and
+// chunk, and this thread's contiguous run of sequences with the items before it.
 struct Plan {
   i64 target, total;
   int b0, b1;    // this thread's sequences
-  int excl;      // splits of all sequences before b0
-  int count;     // splits of b0..b1-1
-  int items;     // splits in the whole plan: items at or past this have no work
+  int excl;      // full chunks of all sequences before b0 (equal lengths: unused)
+  int count;     // full chunks of b0..b1-1
+  int rexcl;     // remainder items of all sequences before b0
+  int rcount;    // remainder items of b0..b1-1
+  int full;      // full chunks in the whole plan: the remainder items start here
+  int items;     // items in the whole plan: items at or past this have no work
+  int chunk;     // the ragged plan's chunk
   int len;       // every sequence's length when they are all equal, else -1
   int each;      // ... and every sequence's split count then
 };
 
 __device__ Plan make_plan(const int* __restrict__ seq_lens, int batch, int target_uniform, int target_ragged,
-                          int split_cap) {
+                          int split_cap, int* __restrict__ rem_of) {
   __shared__ i64 warp_sum[WARPS];
-  __shared__ int warp_max[WARPS], warp_min[WARPS], warp_count[WARPS];
+  __shared__ int warp_max[WARPS], warp_min[WARPS], warp_count[WARPS], warp_rcount[WARPS];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   Plan plan;
 
@@ -224,33 +251,53 @@ __device__ Plan make_plan(const int* __restrict__ seq_lens, int batch, int targe
     return plan;
   }
   plan.len = -1;
+  plan.chunk = TILE * (int)max((i64)1, (plan.total + plan.target * TILE - 1) / (plan.target * TILE));
 
-  // Each thread owns a contiguous run of sequences; an exclusive scan of the runs' split
-  // counts tells which thread's run holds an item.
+  // Each thread owns a contiguous run of sequences; exclusive scans of the runs' full chunks
+  // and remainder items tell which thread's run holds an item.
   const int per = (batch + THREADS - 1) / THREADS;
   plan.b0 = min(tid * per, batch);
   plan.b1 = min(plan.b0 + per, batch);
-  plan.count = 0;
-  for (int b = plan.b0; b < plan.b1; ++b) plan.count += splits_of(seq_lens[b], plan.target, plan.total, split_cap);
-  int incl = plan.count;
+  plan.count = plan.rcount = 0;
+  for (int b = plan.b0; b < plan.b1; ++b) {
+    const int len = seq_lens[b], rest = remainder_of(len, plan.chunk, split_cap);
+    plan.count += len / chunk_of(len, plan.chunk, split_cap);
+    plan.rcount += rest >= 0;
+    if (batch <= RANK_MAX) rem_of[b] = rest;
+  }
+  int incl = plan.count, rincl = plan.rcount;
   for (int o = 1; o < 32; o <<= 1) {
-    int up = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += up;
+    const int up = __shfl_up_sync(0xffffffffu, incl, o), rup = __shfl_up_sync(0xffffffffu, rincl, o);
+    if (lane >= o) {
+      incl += up;
+      rincl += rup;
+    }
   }
-  if (lane == 31) warp_count[warp] = incl;
-  __syncthreads();
+  if (lane == 31) {
+    warp_count[warp] = incl;
+    warp_rcount[warp] = rincl;
+  }
+  __syncthreads();  // also publishes rem_of
   plan.excl = incl - plan.count;
-  plan.items = 0;
+  plan.rexcl = rincl - plan.rcount;
+  plan.full = 0;
+  int rems = 0;
   for (int w = 0; w < WARPS; ++w) {
-    if (w < warp) plan.excl += warp_count[w];
-    plan.items += warp_count[w];
+    if (w < warp) {
+      plan.excl += warp_count[w];
+      plan.rexcl += warp_rcount[w];
+    }
+    plan.full += warp_count[w];
+    rems += warp_rcount[w];
   }
+  plan.items = plan.full + rems;
   return plan;
 }
 
-// The (sequence, token range) of work item `item` < plan.items.
-__device__ void find_split(const Plan& plan, int item, const int* __restrict__ seq_lens, int split_cap, int& seq,
-                           int& start, int& end, bool& direct) {
+// The (sequence, token range) of work item `item` < plan.items; direct when it is the
+// sequence's only item.
+__device__ void find_split(const Plan& plan, int item, const int* __restrict__ seq_lens, int split_cap,
+                           const int* __restrict__ rem_of, int batch, int& seq, int& start, int& end, bool& direct) {
   if (plan.len >= 0) {
     seq = item / plan.each;
     split_range(plan.len, plan.each, item % plan.each, start, end);
@@ -258,21 +305,44 @@ __device__ void find_split(const Plan& plan, int item, const int* __restrict__ s
     return;
   }
   __shared__ int found[4];
-  if (item >= plan.excl && item < plan.excl + plan.count) {
-    int first = plan.excl;
+  if (item < plan.full) {
+    if (item >= plan.excl && item < plan.excl + plan.count) {
+      int first = plan.excl;
+      for (int b = plan.b0; b < plan.b1; ++b) {
+        const int len = seq_lens[b], size = chunk_of(len, plan.chunk, split_cap), full = len / size;
+        if (item < first + full) {
+          found[0] = b;
+          found[1] = (item - first) * size;
+          found[2] = found[1] + size;
+          found[3] = full == 1 && remainder_of(len, plan.chunk, split_cap) < 0;
+          break;
+        }
+        first += full;
+      }
+    }
+  } else {
+    // The remainder of rank `rank`: the rank-th longest, ties in sequence order.
+    const int rank = item - plan.full;
+    int before = plan.rexcl;
     for (int b = plan.b0; b < plan.b1; ++b) {
-      int len = seq_lens[b];
-      int n = splits_of(len, plan.target, plan.total, split_cap);
-      if (item < first + n) {
-        int lo, hi;
-        split_range(len, n, item - first, lo, hi);
+      const int len = seq_lens[b], rest = remainder_of(len, plan.chunk, split_cap);
+      if (rest < 0) continue;
+      int mine = before++;
+      if (batch <= RANK_MAX) {
+        mine = 0;
+        for (int other = 0; other < batch; ++other) {
+          const int r = rem_of[other];
+          mine += r > rest || (r == rest && other < b);
+        }
+      }
+      if (mine == rank) {
+        const int size = chunk_of(len, plan.chunk, split_cap);
         found[0] = b;
-        found[1] = lo;
-        found[2] = hi;
-        found[3] = n == 1;
+        found[1] = len - rest;
+        found[2] = len;
+        found[3] = len < size;
         break;
       }
-      first += n;
     }
   }
   __syncthreads();
@@ -441,11 +511,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_f
     int batch, int group_size, int target_uniform, int target_ragged, int split_cap, float qk_scale,
     i64 stride_qb, i64 stride_qh, i64 stride_cb, i64 stride_ch, i64 stride_tb, i64 stride_ob,
     i64 stride_oh) {
-  // Warp w of the program serves KV head blockIdx.x * WARPS + w: the program reads every head
-  // of its tokens, whole 16-KB blocks of an 8-head pool (NOTES.md, v9).
+  // Warp w of the program serves KV head blockIdx.x * HEADS + w % HEADS: the program reads every
+  // head of its tokens, whole 16-KB blocks of an 8-head pool (NOTES.md, v9). With WPH = 2 the
+  // head's second warp (part 1) takes every other chunk of the split.
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int kv_head = blockIdx.x * WARPS + warp;
-  const int num_q_heads = gridDim.x * WARPS * group_size;
+  const int part = warp / HEADS;
+  const int kv_head = blockIdx.x * HEADS + warp % HEADS;
+  const int num_q_heads = gridDim.x * HEADS * group_size;
   const int r = lane >> 2, c = lane & 3;
 
 #if SPLIT
@@ -457,11 +529,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_f
   // items past this plan's end exit here. (A grid of one program per slot, each looping
   // over items blockIdx.y + k * gridDim.y, skipped those launches but balanced ragged
   // batches worse: 274.1 against 254.5 us on the lognormal batch; NOTES.md, v6.)
-  const Plan plan = make_plan(seq_lens, batch, target_uniform, target_ragged, split_cap);
+  __shared__ int rem_of[RANK_MAX];  // each sequence's remainder (-1: none), to rank them
+  const Plan plan = make_plan(seq_lens, batch, target_uniform, target_ragged, split_cap, rem_of);
   for (int item = blockIdx.y; item < plan.items; item += gridDim.y) {
     int seq, start, end;
     bool direct;
-    find_split(plan, item, seq_lens, split_cap, seq, start, end, direct);
+    find_split(plan, item, seq_lens, split_cap, rem_of, batch, seq, start, end, direct);
 #else
   {
     const int item = blockIdx.y, seq = item, start = 0, end = seq_lens[seq];
@@ -490,7 +563,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_f
     const Rows rows{k_cache + kv_head * stride_ch, v_cache + kv_head * stride_ch, block_tables + seq * stride_tb,
                     end, stride_cb, r * STRIDE_CT + 16 * c, 2 * c * STRIDE_CT + 16 * r};
 
-    for (int t = start; t < end; t += CHUNK) {
+    for (int t = start + part * CHUNK; t < end; t += WPH * CHUNK) {
       Vec16 kv[MT][2][2], vv[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) fetch_tile(kv[mt], vv[mt], rows, t + 16 * mt, r, c);
@@ -500,12 +573,49 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_f
     // The warp's result is its head's: thread (r, c) holds dimensions 16r..16r+15 of queries
     // 2c and 2c+1 (O^T tile i, rows 16r+2i and 16r+2i+1), and the column's sum after the
     // reduction over r. A length-0 sequence has l = 0: it stores 0 and lse = -inf.
-    const float l0 = warp_sum_over_rows(state.l0), l1 = warp_sum_over_rows(state.l1);
+    float l0 = warp_sum_over_rows(state.l0), l1 = warp_sum_over_rows(state.l1);
+#if WPH == 2
+    // The head's part-1 warp hands its state to the part-0 warp, which merges and stores.
+    // [head][value][lane]: conflict-free. A part that saw no token has m = -inf, l = 0.
+    __shared__ float peer[HEADS][36][32];
+    float* mine = &peer[warp % HEADS][0][lane];
+    if (part == 1) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mine[(4 * i + j) * 32] = state.acc[i][j];
+      }
+      mine[32 * 32] = state.m0;
+      mine[33 * 32] = state.m1;
+      mine[34 * 32] = l0;
+      mine[35 * 32] = l1;
+    }
+    __syncthreads();
+    if (part == 0) {
+      const float m0 = fmaxf(state.m0, mine[32 * 32]), m1 = fmaxf(state.m1, mine[33 * 32]);
+      // exp2(-inf - m) = 0 for a finite m; both -inf leaves the zeros as they are.
+      const float a0 = m0 == NEG_INF ? 0.f : exp2_approx(state.m0 - m0);
+      const float a1 = m1 == NEG_INF ? 0.f : exp2_approx(state.m1 - m1);
+      const float b0 = m0 == NEG_INF ? 0.f : exp2_approx(mine[32 * 32] - m0);
+      const float b1 = m1 == NEG_INF ? 0.f : exp2_approx(mine[33 * 32] - m1);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        state.acc[i][0] = state.acc[i][0] * a0 + mine[(4 * i) * 32] * b0;
+        state.acc[i][1] = state.acc[i][1] * a1 + mine[(4 * i + 1) * 32] * b1;
+        state.acc[i][2] = state.acc[i][2] * a0 + mine[(4 * i + 2) * 32] * b0;
+        state.acc[i][3] = state.acc[i][3] * a1 + mine[(4 * i + 3) * 32] * b1;
+      }
+      l0 = l0 * a0 + mine[34 * 32] * b0;
+      l1 = l1 * a1 + mine[35 * 32] * b1;
+      state.m0 = m0;
+      state.m1 = m1;
+    }
+#endif
     const float out_scale = *v_scale;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int g = 2 * c + half;
-      if (g >= group_size) continue;
+      if (g >= group_size || part != 0) continue;
       const float l = half ? l1 : l0, m = half ? state.m1 : state.m0;
       const float inv = l > 0.f ? out_scale / l : 0.f;
       float v[16];

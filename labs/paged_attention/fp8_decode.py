@@ -6,18 +6,18 @@ between warps, and the V tile's trip through shared memory in fp16 to be transpo
 Triton 3.6 generates for any tile, and the fix, transposing the 8-bit V tile in registers,
 cannot be asked for in its language. In CUDA it can: each thread loads its own bytes of K
 and V into registers, pairs the bytes of two tokens with one byte permute, and feeds the
-matrix unit from there (fp8_decode.cu explains the fragment layout). Each warp of a program
-serves its own KV head of the same tokens, so a program reads whole KV blocks and its warps
-never wait for each other. On the H200 it reads an fp8 cache about 1.6-1.9x as fast as the
-Triton kernel reads bf16 on batches of 16 or more (NOTES.md, v9; the recorded rows are in
-labs/results/paged_attention.json).
+matrix unit from there (fp8_decode.cu explains the fragment layout). Two warps of a program
+serve each KV head of the same tokens, so a program reads whole KV blocks. On the H200 it
+reads an fp8 cache about 1.6-1.9x as fast as the Triton kernel reads bf16 on batches of 16
+or more (NOTES.md, v10; the recorded rows are in labs/results/paged_attention.json).
 
 Scope. head_dim 128 and up to 8 query heads per KV head (the Llama, Qwen and Mistral models
 in labs/data; not Gemma's head_dim 256 or DeepSeek-V3's 192), V stored like K (vLLM's
 order), fp16 or bf16 queries, any supported block size, sm_89 or later. Other calls, the
 CPU interpreter, and machines without NVRTC use the Triton kernel (`kernel.resolve_backend`
-chooses). The split plan, the partials' layout and the
-reduction kernel are the Triton kernel's, so both kernels split a batch the same way.
+chooses). The partials' layout and the reduction kernel are the Triton kernel's; equal
+lengths split as the Triton kernel splits them, and unequal ones follow
+`kernel.chunked_plan`, which the reduction reads with CHUNKED set.
 """
 
 from __future__ import annotations
@@ -36,19 +36,27 @@ GROUP_MAX = 8
 # Warps resident per SM, the budget `__launch_bounds__` cuts registers for: 16 x 32 threads x
 # 128 registers = the SM's 65,536.
 WARPS_PER_SM = 16
-# A program has one warp per KV head it serves, and serves up to this many heads of the
-# same tokens: all 8 of a Llama-3-8B pool, so each program reads whole 16-KB blocks
-# (NOTES.md, v9: one head per program read 128-byte pieces of every 1-KB token row and
-# left the DRAM 10-15% below the rate whole blocks get).
+# A program serves up to this many KV heads of the same tokens: all 8 of a Llama-3-8B pool,
+# so each program reads whole 16-KB blocks (NOTES.md, v9: one head per program read 128-byte
+# pieces of every 1-KB token row and left the DRAM 10-15% below the rate whole blocks get).
 HEADS_MAX = 8
+# Batches up to this size order the ragged plan's remainder items longest first (each
+# program ranks them in shared memory: RANK_MAX_BATCH ints, and up to as many comparisons per
+# thread); larger ones take them in sequence order. kernel.chunked_plan is the same plan.
+RANK_MAX_BATCH = 256
+# Warps per KV head: 2 take alternate chunks of a split and merge at the end. Against 1 (same
+# run, µs): (128, 2,048) 141.8 against 144.1, (16, 32,768) 261.9 / 268.4, the lognormal batch
+# 248.0 / 252.4; (64, 4,096) 142.6 / 142.2 and the uniform batch 306.1 / 303.4 went the
+# other way (NOTES.md, v10).
+WARPS_PER_HEAD = 2
 # Tokens a warp takes per step. 16 fits the register budget below with no spills (the CPU
 # tests check every specialisation); 32 spills under a 4-program budget and was slower
 # (NOTES.md, v6).
 CHUNK = 16
 # The split plan's unit (TILE in the source): every split starts on a multiple of it, and
-# kernel.CUDA_FP8_CONFIG hands it to the plan's host side and to the reduction. A split is
-# one warp's stream per head, so at 64 a batch of one 4K sequence got 32 splits (2 tiles
-# each, MIN_SPLIT_TILES) for 264 program slots: 21.4 us, against 17.1 at 32 (NOTES.md, v9).
+# kernel.CUDA_FP8_CONFIG hands it to the plan's host side and to the reduction. With one warp
+# per head, at 64 a batch of one 4K sequence got 32 splits (2 tiles each, MIN_SPLIT_TILES)
+# for 264 program slots: 21.4 us, against 17.1 at 32 (NOTES.md, v9).
 TILE_N = 32
 
 
@@ -95,15 +103,15 @@ def heads_per_program(num_kv_heads: int) -> int:
 
 
 def programs_per_sm(heads: int) -> int:
-    """Programs of `heads` warps that the register budget fits on one SM."""
-    return WARPS_PER_SM // heads
+    """Programs serving `heads` KV heads that the register budget fits on one SM."""
+    return WARPS_PER_SM // (heads * WARPS_PER_HEAD)
 
 
 def defines(block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int = HEADS_MAX,
             chunk: int = CHUNK) -> tuple[str, ...]:
     return (f"-DBLOCK_SIZE={block_size}", f"-DSTRIDE_CT={stride_ct}", f"-DTILE={TILE_N}", f"-DSPLIT={int(split)}",
             f"-DQ_BF16={int(q_bf16)}", f"-DCHUNK={chunk}", f"-DMIN_BLOCKS={programs_per_sm(heads)}",
-            f"-DWARPS={heads}", f"-DHEAD_DIM={HEAD_DIM}", f"-DGROUP_MAX={GROUP_MAX}")
+            f"-DHEADS={heads}", f"-DWPH={WARPS_PER_HEAD}", f"-DRANK_MAX={RANK_MAX_BATCH}", f"-DHEAD_DIM={HEAD_DIM}", f"-DGROUP_MAX={GROUP_MAX}")
 
 
 def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int = HEADS_MAX,
@@ -116,7 +124,8 @@ def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_b
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int) -> nvrtc.Kernel:
+def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int,
+            wph: int) -> nvrtc.Kernel:
     major, minor = torch.cuda.get_device_capability(device_index)  # has_e4m3_cvt: unsupported_reason checked
     with torch.cuda.device(device_index):
         cubin, _ = compile_variant(major * 10 + minor, block_size, stride_ct, split, q_bf16, heads)
@@ -130,7 +139,8 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, p
     num_kv_heads = k_cache.shape[2]
     heads = heads_per_program(num_kv_heads)
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16, heads)
+    fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16, heads,
+                 WARPS_PER_HEAD)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
     i64 = ctypes.c_longlong
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(block_tables), ptr(seq_lens), ptr(k_scale), ptr(v_scale),
@@ -140,4 +150,4 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, p
             i64(q.stride(0)), i64(q.stride(1)),
             i64(k_cache.stride(0)), i64(k_cache.stride(2)),  # bytes: 1-byte elements
             i64(block_tables.stride(0)), i64(out.stride(0)), i64(out.stride(1))]
-    fn((num_kv_heads // heads, items, 1), (heads * 32, 1, 1), args)
+    fn((num_kv_heads // heads, items, 1), (heads * WARPS_PER_HEAD * 32, 1, 1), args)

@@ -131,6 +131,30 @@ def _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B
     n = tl.where(in_batch, n, 0)
     ends = tl.cumsum(n, axis=0)  # split `ends[b] - n[b]` is sequence b's first
     return offs_b, lens, tiles, n, ends
+
+
+@triton.jit
+def _chunked_rows(seq, offs_b, lens, in_batch, batch, target, split_cap, TILE_N: tl.constexpr,
+                  RANK_MAX: tl.constexpr):
+    """Where sequence `seq`'s items sit in chunked_plan (unequal lengths, the CUDA kernel):
+    (its item count, its first full chunk, its full chunks, its remainder's item)."""
+    total = tl.maximum(tl.sum(lens, axis=0), 1).to(tl.int64)
+    chunk = (TILE_N * tl.maximum(tl.cdiv(total, target.to(tl.int64) * TILE_N), 1)).to(tl.int32)
+    size = tl.maximum(chunk, TILE_N * tl.cdiv(tl.cdiv(lens, TILE_N), split_cap))
+    full = tl.where(in_batch, lens // size, 0)
+    rest = lens - full * size
+    rem = tl.where(in_batch & ((rest > 0) | (lens == 0)), rest, -1)  # -1: no remainder item
+    pick = offs_b == seq
+    full_seq = tl.sum(tl.where(pick, full, 0), axis=0)
+    rem_seq = tl.sum(tl.where(pick, rem, 0), axis=0)
+    first = tl.sum(tl.where(offs_b < seq, full, 0), axis=0)
+    if batch <= RANK_MAX:
+        ahead = (rem > rem_seq) | ((rem == rem_seq) & (offs_b < seq))
+    else:
+        ahead = (rem >= 0) & (offs_b < seq)
+    rank = tl.sum(tl.where(ahead, 1, 0), axis=0)
+    n_seq = full_seq + tl.where(rem_seq >= 0, 1, 0)
+    return n_seq, first, full_seq, tl.sum(full, axis=0) + rank
 # --8<-- [end:plan]
 
 
@@ -327,6 +351,41 @@ def paged_decode_kernel(
 
 # --8<-- [start:reduce]
 @triton.jit
+def _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, head, num_heads,
+                    HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_CHUNK: tl.constexpr):
+    """(sum_s w_s * part_s, sum_s w_s) over the n_seq splits of one query head, S_CHUNK per
+    step, with w_s = exp2(lse_s - max lse) kept relative to a running max. Split s < n_first
+    is row first + s; a split past them (the chunked plan's remainder) is row last_row."""
+    offs_s = tl.arange(0, S_CHUNK)
+    offs_d = tl.arange(0, D_PAD)
+    m = tl.full([1], float("-inf"), dtype=tl.float32)
+    w_sum = tl.zeros([1], dtype=tl.float32)
+    acc = tl.zeros([D_PAD], dtype=tl.float32)
+    for s0 in range(0, n_seq, S_CHUNK):
+        valid = s0 + offs_s < n_seq
+        rows = tl.where(s0 + offs_s < n_first, first + s0 + offs_s, last_row) * num_heads + head
+        # Both loads are issued at once: the partials' mask does not wait for the lse.
+        lse = tl.load(part_lse_ptr + rows, mask=valid, other=float("-inf"))
+        part = tl.load(
+            part_out_ptr + rows[:, None] * D_PAD + offs_d[None, :],
+            mask=valid[:, None] & (offs_d[None, :] < HEAD_DIM),
+            other=0.0,
+        )
+        has_keys = lse > float("-inf")
+        m_new = tl.maximum(m, tl.max(lse, axis=0))
+        # A split with no keys (lse = -inf) weighs exactly 0, and its partial is replaced,
+        # not multiplied, so no NaN (0 * NaN) can reach the sum. m_new is finite: every
+        # split the plan makes holds at least one token.
+        w = tl.where(has_keys, tl.exp2(lse - m_new), 0.0)
+        part = tl.where(has_keys[:, None], part, 0.0)
+        alpha = tl.exp2(m - m_new)
+        acc = acc * alpha + tl.sum(w[:, None] * part, axis=0)
+        w_sum = w_sum * alpha + tl.sum(w, axis=0)
+        m = m_new
+    return acc, w_sum
+
+
+@triton.jit
 def split_reduce_kernel(
     # Pointers
     part_out_ptr,  # (max_items, Hq, D_PAD) fp32
@@ -347,13 +406,17 @@ def split_reduce_kernel(
     B_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
     S_CHUNK: tl.constexpr,  # splits combined per loop step
+    S_SMALL: tl.constexpr,  # 0, or: a sequence of at most this many splits takes one step of this many
+    CHUNKED: tl.constexpr,  # unequal lengths follow chunked_plan (the CUDA kernel's), not _split_plan
+    RANK_MAX: tl.constexpr,  # chunked_plan's rank_max
     USE_GDC: tl.constexpr,
 ):
     """out = sum_s w_s * part_s / sum_s w_s, with w_s = exp2(lse_s - max_s lse_s).
 
     One program per (sequence, query head). Sequences with one split were written by the
     decode kernel and are skipped. The splits are combined S_CHUNK at a time with a
-    running maximum, so any number of splits fits in registers.
+    running maximum, so any number of splits fits in registers. With CHUNKED, unequal
+    lengths find their splits where chunked_plan (the CUDA kernel's plan) put them.
     """
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -361,38 +424,31 @@ def split_reduce_kernel(
     offs_b, lens, tiles, n, ends = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B_PAD, TILE_N)
     pick = offs_b == seq
     n_seq = tl.sum(tl.where(pick, n, 0), axis=0)
+    first = tl.sum(tl.where(pick, ends, 0), axis=0) - n_seq
+    n_first = n_seq
+    last_row = first
+    if CHUNKED:
+        in_batch = offs_b < batch
+        uniform = tl.max(lens, axis=0) == tl.min(tl.where(in_batch, lens, 2147483647), axis=0)
+        if not uniform:
+            n_seq, first, n_first, last_row = _chunked_rows(seq, offs_b, lens, in_batch, batch, target_ragged,
+                                                            split_cap, TILE_N, RANK_MAX)
     if n_seq == 1:
         return
-    first = tl.sum(tl.where(pick, ends, 0), axis=0) - n_seq
     if USE_GDC:
         gdc_wait()  # the decode kernel's partials are complete and visible after this
 
-    offs_s = tl.arange(0, S_CHUNK)
+    if S_SMALL > 0:
+        if n_seq <= S_SMALL:
+            acc, w_sum = _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, head,
+                                         num_heads, HEAD_DIM, D_PAD, S_SMALL)
+        else:
+            acc, w_sum = _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, head,
+                                         num_heads, HEAD_DIM, D_PAD, S_CHUNK)
+    else:
+        acc, w_sum = _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, head,
+                                     num_heads, HEAD_DIM, D_PAD, S_CHUNK)
     offs_d = tl.arange(0, D_PAD)
-    m = tl.full([1], float("-inf"), dtype=tl.float32)
-    w_sum = tl.zeros([1], dtype=tl.float32)
-    acc = tl.zeros([D_PAD], dtype=tl.float32)
-    for s0 in range(0, n_seq, S_CHUNK):
-        valid = s0 + offs_s < n_seq
-        rows = (first + s0 + offs_s) * num_heads + head
-        # Both loads are issued at once: the partials' mask does not wait for the lse.
-        lse = tl.load(part_lse_ptr + rows, mask=valid, other=float("-inf"))
-        part = tl.load(
-            part_out_ptr + rows[:, None] * D_PAD + offs_d[None, :],
-            mask=valid[:, None] & (offs_d[None, :] < HEAD_DIM),
-            other=0.0,
-        )
-        has_keys = lse > float("-inf")
-        m_new = tl.maximum(m, tl.max(lse, axis=0))
-        # A split with no keys (lse = -inf) weighs exactly 0, and its partial is replaced,
-        # not multiplied, so no NaN (0 * NaN) can reach the sum. m_new is finite: every
-        # split the plan makes holds at least one token.
-        w = tl.where(has_keys, tl.exp2(lse - m_new), 0.0)
-        part = tl.where(has_keys[:, None], part, 0.0)
-        alpha = tl.exp2(m - m_new)
-        acc = acc * alpha + tl.sum(w[:, None] * part, axis=0)
-        w_sum = w_sum * alpha + tl.sum(w, axis=0)
-        m = m_new
     tl.store(
         out_ptr + seq * stride_ob + head * stride_oh + offs_d,
         (acc / w_sum).to(out_ptr.dtype.element_ty),
@@ -446,10 +502,11 @@ SPLIT_CAP = 64
 # splits of 32 tiles; the other ragged batches moved by under 0.2% (NOTES.md, v5).
 # bf16 keeps 64: 128 took it from 176.6 to 185.1 us on the same batch.
 FP8_SPLIT_CAP = 128
-# The CUDA fp8 kernel gives each split one warp per head where the Triton kernels give it
-# 4 or 2, so a sequence needs 4x the splits for the same work per warp: at 64 the one-long
-# batch took 177.5 us, at 256 124.1 (NOTES.md, v9).
-CUDA_FP8_SPLIT_CAP = 256
+# The CUDA fp8 kernel gives each split two warps per head where the Triton kernels give it
+# 4 or 2, so a sequence needs 2x the splits for the same work per warp. With one warp per
+# head the one-long batch took 177.5 us at 64 and 124.1 at 256 (NOTES.md, v9); with two,
+# 110.4 at 128 and 120.3 at 256 (v10).
+CUDA_FP8_SPLIT_CAP = 128
 
 # Splits the reduction combines per loop step: SPLIT_CAP, so an unforced plan takes one
 # step. At 32, the 60 splits of a B = 1 batch took two dependent steps (NOTES.md, v3).
@@ -465,10 +522,14 @@ REDUCE_CHUNK_BATCHED = 8
 # Up to REDUCE_WIDE_MAX_BATCH the 64-split chunk keeps 4 warps, as recorded at B = 1.
 REDUCE_NUM_WARPS_BATCHED = 1
 # The CUDA fp8 kernel's plan gives a long sequence up to CUDA_FP8_SPLIT_CAP splits, which
-# REDUCE_CHUNK_BATCHED per step reduce in 32 dependent steps: the one-long batch took
-# 124.5 us at 8, 112.7 at 32 and 146.3 at 64; the lognormal one 254.7 / 258.3 / 283.2,
-# b32-l4k 82.8 / 82.9 / 119.9 (NOTES.md, v9). Each Config holds its kernel's chunk.
+# REDUCE_CHUNK_BATCHED per step reduce in 16 dependent steps: the one-long batch took
+# 116.2 us at 8 and 110.4 at 32 (NOTES.md, v10). But a one-warp program holding 32 x 128
+# fp32 needs twice the registers, and at (128, 2,048) the 4,096 programs then took two waves:
+# 153.0 us against 146.9 at 8 (v10, v9's kernel). So a sequence of up to
+# REDUCE_SMALL_CUDA_FP8 splits takes one step of that many, and longer ones 32 per step.
+# Each Config holds its kernel's chunks.
 REDUCE_CHUNK_CUDA_FP8 = 32
+REDUCE_SMALL_CUDA_FP8 = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -481,6 +542,7 @@ class Config:
     programs_per_sm: int
     split_cap: int
     reduce_chunk: int  # splits the reduction combines per step from REDUCE_WIDE_MAX_BATCH + 1 sequences up
+    reduce_small: int = 0  # ... except a sequence of at most this many splits, in one step of this many
 
 
 BF16_CONFIG = Config(DEFAULT_TILE_N, DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES, RESIDENT_PROGRAMS, SPLIT_CAP,
@@ -489,11 +551,13 @@ FP8_CONFIG = Config(FP8_TILE_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_RESIDENT_PROG
                     REDUCE_CHUNK_BATCHED)
 
 
-# The CUDA fp8 kernel (fp8_decode.py): its split plan's unit, its warps and its programs
-# per SM are that module's, for an 8-head pool (plan_geometry gives them for any other).
+# The CUDA fp8 kernel (fp8_decode.py): its split plan's unit, its KV heads per program and
+# its programs per SM are that module's, for an 8-head pool (plan_geometry gives them for any
+# other).
 # Stages do not apply (it loads into registers): 1.
-CUDA_FP8_CONFIG = Config(fp8_decode.TILE_N, fp8_decode.HEADS_MAX, 1, fp8_decode.programs_per_sm(fp8_decode.HEADS_MAX),
-                         CUDA_FP8_SPLIT_CAP, REDUCE_CHUNK_CUDA_FP8)
+CUDA_FP8_CONFIG = Config(fp8_decode.TILE_N, fp8_decode.HEADS_MAX * fp8_decode.WARPS_PER_HEAD, 1,
+                         fp8_decode.programs_per_sm(fp8_decode.HEADS_MAX),
+                         CUDA_FP8_SPLIT_CAP, REDUCE_CHUNK_CUDA_FP8, REDUCE_SMALL_CUDA_FP8)
 # Which kernel serves an fp8 cache: "auto" takes the CUDA one wherever it applies.
 BACKENDS = ("auto", "triton", "cuda")
 
@@ -609,6 +673,41 @@ def plan_splits(lens: list[int], targets: tuple[int, int], tile_n: int, split_ca
     if max(targets) <= len(lens):
         return [1] * len(lens)
     return [max(min(-(-n * target // total), -(-n // tile_n), split_cap), 1) for n in lens]
+
+
+def chunked_plan(lens: list[int], targets: tuple[int, int], tile_n: int, split_cap: int,
+                 rank_max: int = fp8_decode.RANK_MAX_BATCH) -> list[tuple[int, int, int]]:
+    """The CUDA fp8 kernel's work items, (sequence, start, end) in launch order, in plain Python.
+
+    Equal lengths split as plan_splits says. Unequal ones are cut into chunks of one size
+    (`chunk`, a multiple of tile_n, about total / target; longer for a sequence that would
+    otherwise get more than split_cap) and a remainder each. The full chunks come first, in
+    sequence order; then the remainders, longest first, so that the slots that free up last
+    take the shortest work (up to rank_max sequences; beyond, in sequence order). A
+    proportional split, as the Triton kernels use, leaves each item 0.5-1 chunk long and the
+    last wave that uneven (NOTES.md, v10). fp8_decode.cu and the reduction's _chunked_rows
+    compute the same plan on the GPU; the tests hold the three together.
+    """
+    total = max(sum(lens), 1)
+    if max(targets) <= len(lens):
+        return [(b, 0, n) for b, n in enumerate(lens)]
+    if total == max(lens) * len(lens):
+        n = plan_splits(lens, targets, tile_n, split_cap)[0]
+        tiles = -(-lens[0] // tile_n)
+        return [(b, (j * tiles // n) * tile_n, min(((j + 1) * tiles // n) * tile_n, lens[b]))
+                for b in range(len(lens)) for j in range(n)]
+    chunk = tile_n * max(1, -(-total // (targets[1] * tile_n)))
+    full, rems = [], []
+    for b, n in enumerate(lens):
+        tiles = -(-n // tile_n)
+        size = max(chunk, tile_n * -(-tiles // split_cap))
+        full += [(b, j * size, (j + 1) * size) for j in range(n // size)]
+        rest = n % size
+        if rest or n == 0:
+            rems.append((b, n - rest, n))
+    if len(lens) <= rank_max:
+        rems.sort(key=lambda item: (-(item[2] - item[1]), item[0]))
+    return full + rems
 # --8<-- [end:heuristics]
 
 
@@ -858,6 +957,8 @@ def paged_decode(
         wide = batch <= REDUCE_WIDE_MAX_BATCH
         kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n,
                       S_CHUNK=REDUCE_CHUNK if wide else config.reduce_chunk,
+                      S_SMALL=0 if wide else config.reduce_small, CHUNKED=backend == "cuda",
+                      RANK_MAX=fp8_decode.RANK_MAX_BATCH,
                       num_warps=4 if wide else REDUCE_NUM_WARPS_BATCHED, num_stages=2)
         if use_gdc:
             _launch_reduce((batch, num_q_heads), args, kwargs)
