@@ -412,6 +412,7 @@ def test_chunked_plan_keeps_equal_lengths_proportional():
     items = chunked_plan([512] * 4, (12, 40), 16, 64)
     assert [s for s, _, _ in items] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3], "3 splits each, in sequence order"
     assert chunked_plan([5, 3], (2, 2), 16, 64) == [(0, 0, 5), (1, 0, 3)], "target <= batch: one item each"
+    assert chunked_plan([0, 0], (4, 8), 16, 64) == [(0, 0, 0), (1, 0, 0)], "all empty: one zero item each"
 
 
 @pytest.mark.parametrize("rank_max", [256, 2])

@@ -524,8 +524,8 @@ REDUCE_NUM_WARPS_BATCHED = 1
 # The CUDA fp8 kernel's plan gives a long sequence up to CUDA_FP8_SPLIT_CAP splits, which
 # REDUCE_CHUNK_BATCHED per step reduce in 16 dependent steps: the one-long batch took
 # 116.2 us at 8 and 110.4 at 32 (NOTES.md, v10). But a one-warp program holding 32 x 128
-# fp32 needs twice the registers, and at (128, 2,048) the 4,096 programs then took two waves:
-# 153.0 us against 146.9 at 8 (v10, v9's kernel). So a sequence of up to
+# fp32 needs about twice the registers (probably two waves of (128, 2,048)'s 4,096 programs):
+# 153.0 us there against 146.9 at 8 (v10, v9's kernel). So a sequence of up to
 # REDUCE_SMALL_CUDA_FP8 splits takes one step of that many, and longer ones 32 per step.
 # Each Config holds its kernel's chunks.
 REDUCE_CHUNK_CUDA_FP8 = 32
@@ -691,7 +691,7 @@ def chunked_plan(lens: list[int], targets: tuple[int, int], tile_n: int, split_c
     total = max(sum(lens), 1)
     if max(targets) <= len(lens):
         return [(b, 0, n) for b, n in enumerate(lens)]
-    if total == max(lens) * len(lens):
+    if max(lens) == min(lens):  # the kernel's test: longest == shortest
         n = plan_splits(lens, targets, tile_n, split_cap)[0]
         tiles = -(-lens[0] // tile_n)
         return [(b, (j * tiles // n) * tile_n, min(((j + 1) * tiles // n) * tile_n, lens[b]))
