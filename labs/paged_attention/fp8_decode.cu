@@ -10,13 +10,14 @@
 // per SM the register budget is cut for), TILE (the split plan's unit: every split starts on
 // a multiple of TILE tokens; a multiple of 16), HEADS (KV heads a program serves), WPH (warps
 // per KV head: 1 or 2), RANK_MAX (most sequences whose remainders the ragged plan ranks),
-// HEAD_DIM and GROUP_MAX (most query heads per KV head). fp8_decode.py holds them all; the fragment layout below is written for HEAD_DIM 128 and GROUP_MAX 8, which the
+// HEAD_DIM and GROUP_MAX (most query heads per KV head). fp8_decode.py holds them all; the
+// fragment layout below is written for HEAD_DIM 128 and GROUP_MAX 8, which the
 // static_asserts hold it to.
 //
 // The idea. One warp computes S^T = K Q^T and O^T = V^T P^T with mma.m16n8k16 (fp16 in,
 // fp32 out): the 16 rows of each product are tokens or head dimensions, and the 8 columns
 // are the group's query heads. Each thread loads its own K and V bytes from global memory
-// straight into registers and converts them there; nothing goes through shared memory.
+// straight into registers and converts them there; no K or V byte goes through shared memory.
 //
 // Two warps per KV head. The warps of a program serve different heads of the same tokens
 // (all 8 of an 8-head pool), so together they read whole KV blocks. With one head per program
@@ -50,7 +51,7 @@
 // a per-warp ring of asynchronous copies in shared memory, and a fifth program per SM
 // (queries in shared memory to free registers) were each slower. With the loop this short,
 // the maths is hidden behind the loads, and what set the speed next was the order of the
-// reads, which one warp per KV head fixed (NOTES.md, v9).
+// reads, which serving every head of a token in one program fixed (NOTES.md, v9).
 
 typedef unsigned int u32;
 typedef unsigned short u16;

@@ -111,7 +111,8 @@ def defines(block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: i
             chunk: int = CHUNK) -> tuple[str, ...]:
     return (f"-DBLOCK_SIZE={block_size}", f"-DSTRIDE_CT={stride_ct}", f"-DTILE={TILE_N}", f"-DSPLIT={int(split)}",
             f"-DQ_BF16={int(q_bf16)}", f"-DCHUNK={chunk}", f"-DMIN_BLOCKS={programs_per_sm(heads)}",
-            f"-DHEADS={heads}", f"-DWPH={WARPS_PER_HEAD}", f"-DRANK_MAX={RANK_MAX_BATCH}", f"-DHEAD_DIM={HEAD_DIM}", f"-DGROUP_MAX={GROUP_MAX}")
+            f"-DHEADS={heads}", f"-DWPH={WARPS_PER_HEAD}", f"-DRANK_MAX={RANK_MAX_BATCH}",
+            f"-DHEAD_DIM={HEAD_DIM}", f"-DGROUP_MAX={GROUP_MAX}")
 
 
 def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int = HEADS_MAX,
