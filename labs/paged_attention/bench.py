@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
             targets = kernel.split_targets(p.q.shape[0], heads, env["sm_count"], p.max_seq_len,
                                            c["tile_n"], per_sm, knobs["ragged_waves"])
         cap = kernel.MAX_SPLITS if args.num_splits else default.split_cap
-        if used != "cuda":
+        if not default.chunked:
             return kernel.plan_splits(p.lens, targets, c["tile_n"], cap)
         counts = [0] * len(p.lens)
         for seq, _, _ in kernel.chunked_plan(p.lens, targets, c["tile_n"], cap):

@@ -110,7 +110,8 @@ def _e4m3_to_f16(x):
 @triton.jit
 def _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B_PAD: tl.constexpr,
                 TILE_N: tl.constexpr):
-    """Every sequence's split count and where its splits end in the work list.
+    """Every sequence's split count and where its splits end in the work list, with the
+    batch's total length and whether all lengths are equal.
 
     Both kernels call this with the same arguments, so they agree on the plan without
     storing it. target_uniform applies when all lengths are equal (the host's wave
@@ -130,17 +131,18 @@ def _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B
     n = tl.maximum(tl.minimum(tl.minimum(n, tiles.to(tl.int64)), split_cap), 1).to(tl.int32)
     n = tl.where(in_batch, n, 0)
     ends = tl.cumsum(n, axis=0)  # split `ends[b] - n[b]` is sequence b's first
-    return offs_b, lens, tiles, n, ends
+    return offs_b, lens, tiles, n, ends, total, uniform
 
 
 @triton.jit
-def _chunked_rows(seq, offs_b, lens, in_batch, batch, target, split_cap, TILE_N: tl.constexpr,
+def _chunked_rows(seq, offs_b, lens, tiles, total, batch, target, split_cap, TILE_N: tl.constexpr,
                   RANK_MAX: tl.constexpr):
     """Where sequence `seq`'s items sit in chunked_plan (unequal lengths, the CUDA kernel):
-    (its item count, its first full chunk, its full chunks, its remainder's item)."""
-    total = tl.maximum(tl.sum(lens, axis=0), 1).to(tl.int64)
+    (its item count, its first full chunk, its full chunks, its remainder's item). lens,
+    tiles and total are _split_plan's."""
+    in_batch = offs_b < batch
     chunk = (TILE_N * tl.maximum(tl.cdiv(total, target.to(tl.int64) * TILE_N), 1)).to(tl.int32)
-    size = tl.maximum(chunk, TILE_N * tl.cdiv(tl.cdiv(lens, TILE_N), split_cap))
+    size = tl.maximum(chunk, TILE_N * tl.cdiv(tiles, split_cap))
     full = tl.where(in_batch, lens // size, 0)
     rest = lens - full * size
     rem = tl.where(in_batch & ((rest > 0) | (lens == 0)), rest, -1)  # -1: no remainder item
@@ -215,7 +217,8 @@ def paged_decode_kernel(
         gdc_launch_dependents()
 
     if SPLIT:
-        offs_b, lens, tiles, n, ends = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B_PAD, TILE_N)
+        offs_b, lens, tiles, n, ends, _, _ = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged,
+                                                         split_cap, B_PAD, TILE_N)
         seq = tl.sum((ends <= item).to(tl.int32), axis=0)  # the sequence whose splits hold `item`
         if seq >= batch:
             return  # the grid is sized for the worst case; this item has no work
@@ -421,18 +424,17 @@ def split_reduce_kernel(
     seq = tl.program_id(0)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
-    offs_b, lens, tiles, n, ends = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged, split_cap, B_PAD, TILE_N)
+    offs_b, lens, tiles, n, ends, total, uniform = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged,
+                                                               split_cap, B_PAD, TILE_N)
     pick = offs_b == seq
     n_seq = tl.sum(tl.where(pick, n, 0), axis=0)
     first = tl.sum(tl.where(pick, ends, 0), axis=0) - n_seq
     n_first = n_seq
     last_row = first
     if CHUNKED:
-        in_batch = offs_b < batch
-        uniform = tl.max(lens, axis=0) == tl.min(tl.where(in_batch, lens, 2147483647), axis=0)
         if not uniform:
-            n_seq, first, n_first, last_row = _chunked_rows(seq, offs_b, lens, in_batch, batch, target_ragged,
-                                                            split_cap, TILE_N, RANK_MAX)
+            n_seq, first, n_first, last_row = _chunked_rows(seq, offs_b, lens, tiles, total, batch,
+                                                            target_ragged, split_cap, TILE_N, RANK_MAX)
     if n_seq == 1:
         return
     if USE_GDC:
@@ -543,6 +545,7 @@ class Config:
     split_cap: int
     reduce_chunk: int  # splits the reduction combines per step from REDUCE_WIDE_MAX_BATCH + 1 sequences up
     reduce_small: int = 0  # ... except a sequence of at most this many splits, in one step of this many
+    chunked: bool = False  # unequal lengths follow chunked_plan, not the proportional plan_splits
 
 
 BF16_CONFIG = Config(DEFAULT_TILE_N, DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES, RESIDENT_PROGRAMS, SPLIT_CAP,
@@ -557,7 +560,7 @@ FP8_CONFIG = Config(FP8_TILE_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_RESIDENT_PROG
 # Stages do not apply (it loads into registers): 1.
 CUDA_FP8_CONFIG = Config(fp8_decode.TILE_N, fp8_decode.HEADS_MAX * fp8_decode.WARPS_PER_HEAD, 1,
                          fp8_decode.programs_per_sm(fp8_decode.HEADS_MAX),
-                         CUDA_FP8_SPLIT_CAP, REDUCE_CHUNK_CUDA_FP8, REDUCE_SMALL_CUDA_FP8)
+                         CUDA_FP8_SPLIT_CAP, REDUCE_CHUNK_CUDA_FP8, REDUCE_SMALL_CUDA_FP8, chunked=True)
 # Which kernel serves an fp8 cache: "auto" takes the CUDA one wherever it applies.
 BACKENDS = ("auto", "triton", "cuda")
 
@@ -957,7 +960,7 @@ def paged_decode(
         wide = batch <= REDUCE_WIDE_MAX_BATCH
         kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n,
                       S_CHUNK=REDUCE_CHUNK if wide else config.reduce_chunk,
-                      S_SMALL=0 if wide else config.reduce_small, CHUNKED=backend == "cuda",
+                      S_SMALL=0 if wide else config.reduce_small, CHUNKED=config.chunked,
                       RANK_MAX=fp8_decode.RANK_MAX_BATCH,
                       num_warps=4 if wide else REDUCE_NUM_WARPS_BATCHED, num_stages=2)
         if use_gdc:
