@@ -450,6 +450,27 @@ def test_split_targets_need_no_lengths():
     assert uniform == 64 and ragged == 264  # 1 split each; 4 waves of 528 slots over 8 KV heads
 
 
+@pytest.mark.parametrize("batch", [264, 600, 4096])
+def test_a_batch_past_the_waves_target_still_splits_its_long_sequence(batch):
+    """At or past the ragged target's waves, the target stays above the batch: without that the
+    launch ran unsplit, and a batch's one long sequence took a single program all the way."""
+    uniform, ragged = split_targets(batch, 1, 132, None, tile_n=32, programs_per_sm=1, ragged_waves=2)
+    assert uniform == batch and ragged == batch + 1
+    lens = [131072] + [600] * (batch - 1)
+    items = chunked_plan(lens, (uniform, ragged), 32, split_cap=128)
+    # Chunks of about the mean length (1,120 tokens at 264 sequences) or split_cap's 1,024.
+    assert 100 <= sum(seq == 0 for seq, _, _ in items) <= 128
+    assert max(end - start for _, start, end in items) <= 1120
+
+
+def test_the_cuda_kernel_aims_for_its_own_waves():
+    from labs.paged_attention import kernel
+
+    assert kernel.default_config(True, "cuda").ragged_waves == kernel.CUDA_FP8_RAGGED_WAVES
+    assert kernel.default_config(True, "triton").ragged_waves == kernel.RAGGED_WAVES
+    assert kernel.default_config(False).ragged_waves == kernel.RAGGED_WAVES
+
+
 def test_ragged_plan_matches_reference_with_many_splits():
     """One long sequence among short ones: it gets most of the splits, the reduction loops."""
     lens = [300, 3, 20, 9, 40, 1, 2, 17]
@@ -535,6 +556,9 @@ def test_launcher_rejects_bad_inputs_with_clear_messages():
         paged_decode(*args, max_seq_len=10**6)
     with pytest.raises(ValueError, match="num_splits"):
         paged_decode(*args, num_splits=0)
+    for waves in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="ragged_waves must be > 0"):
+            paged_decode(*args, ragged_waves=waves)
     with pytest.raises(ValueError, match="apply only to an fp8 cache"):
         paged_decode(*args, k_scale=torch.ones(()), v_scale=torch.ones(()))
     f8 = make_problem([5], 4, 2, CPU_HEAD_DIM, 8, torch.float16, DEVICE, kv_dtype=FP8_DTYPE)

@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     knobs = {
         "tile_n": args.tile_n, "num_warps": args.num_warps, "num_stages": args.num_stages,
         "programs_per_sm": args.programs_per_sm,  # None: the kernel's default for the dtype
-        "ragged_waves": args.ragged_waves or kernel.RAGGED_WAVES,
+        "ragged_waves": args.ragged_waves,  # None: the kernel's default for its backend
     }
 
     def kernel_of(case: Case) -> str:
@@ -473,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             heads, per_sm = kernel.plan_geometry(used, p.k_cache.shape[2], knobs["programs_per_sm"], default)
             targets = kernel.split_targets(p.q.shape[0], heads, env["sm_count"], p.max_seq_len,
-                                           c["tile_n"], per_sm, knobs["ragged_waves"])
+                                           c["tile_n"], per_sm, knobs["ragged_waves"] or default.ragged_waves)
         cap = kernel.MAX_SPLITS if args.num_splits else default.split_cap
         if not default.chunked:
             return kernel.plan_splits(p.lens, targets, c["tile_n"], cap)

@@ -492,6 +492,13 @@ MIN_WAVE_FILL = 0.9
 # the next program: the finish time is about (work / slots) + (largest split). Aiming for
 # this many waves keeps the largest split at a fraction of one slot's share (NOTES.md, v3).
 RAGGED_WAVES = 4
+# The CUDA fp8 kernel runs one program per SM and cuts unequal lengths into equal chunks
+# (chunked_plan), so its items come close to the target and time goes in whole waves of 132:
+# 1.5 and 2.5 waves were 1-13% slower than 2 on every ragged batch timed but the one-long one.
+# 2 waves beat 4 on the uniform and lognormal batches (284.8 against 292.5 us, 236.7 / 249.0)
+# and on 5 held-out batches of 32-256 sequences, by 2.6-22% in all; the one-long batch lost
+# 4% (118.5 / 113.9), NOTES.md, v11.
+CUDA_FP8_RAGGED_WAVES = 2
 # Upper bound on the forced split count per sequence (num_splits=...).
 MAX_SPLITS = 128
 # Most splits the plan gives one sequence unless forced: a 128K-token sequence among short
@@ -546,6 +553,7 @@ class Config:
     reduce_chunk: int  # splits the reduction combines per step from REDUCE_WIDE_MAX_BATCH + 1 sequences up
     reduce_small: int = 0  # ... except a sequence of at most this many splits, in one step of this many
     chunked: bool = False  # unequal lengths follow chunked_plan, not the proportional plan_splits
+    ragged_waves: float = RAGGED_WAVES  # waves of programs the plan aims for when lengths differ
 
 
 BF16_CONFIG = Config(DEFAULT_TILE_N, DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES, RESIDENT_PROGRAMS, SPLIT_CAP,
@@ -560,7 +568,8 @@ FP8_CONFIG = Config(FP8_TILE_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_RESIDENT_PROG
 # Stages do not apply (it loads into registers): 1.
 CUDA_FP8_CONFIG = Config(fp8_decode.TILE_N, fp8_decode.HEADS_MAX * fp8_decode.WARPS_PER_HEAD, 1,
                          fp8_decode.programs_per_sm(fp8_decode.HEADS_MAX),
-                         CUDA_FP8_SPLIT_CAP, REDUCE_CHUNK_CUDA_FP8, REDUCE_SMALL_CUDA_FP8, chunked=True)
+                         CUDA_FP8_SPLIT_CAP, REDUCE_CHUNK_CUDA_FP8, REDUCE_SMALL_CUDA_FP8, chunked=True,
+                         ragged_waves=CUDA_FP8_RAGGED_WAVES)
 # Which kernel serves an fp8 cache: "auto" takes the CUDA one wherever it applies.
 BACKENDS = ("auto", "triton", "cuda")
 
@@ -655,14 +664,19 @@ def split_targets(
     """(target_uniform, target_ragged): splits wanted in all, per KV head, for the plan.
 
     Uniform: the wave heuristic's per-sequence count times the batch. Ragged: enough
-    splits for `ragged_waves` waves, and never fewer than the uniform target. Neither
-    needs the lengths, so the host computes both without reading the GPU.
+    splits for `ragged_waves` waves, never fewer than the uniform target, and always more
+    than one per sequence. Neither needs the lengths, so the host computes both without
+    reading the GPU.
     """
     longest = MAX_SPLITS * tile_n if max_seq_len is None else max_seq_len
     uniform = batch * choose_num_splits(batch, num_kv_heads, longest, num_sms, tile_n, programs_per_sm)
     if batch == 1:  # one sequence is always uniform: no grid tail for a ragged plan
         return uniform, uniform
-    ragged = max(uniform, math.ceil(ragged_waves * programs_per_sm * num_sms / num_kv_heads))
+    # A batch as large as the waves' target would otherwise not be split at all, and its longest
+    # sequence would be one program's: 2,389.5 us for 256 lognormal lengths at 1.5 waves of the
+    # CUDA kernel (198 < 256), 400.6 at 2 (NOTES.md, v11). At batch + 1 a plan still cuts any
+    # sequence longer than the mean.
+    ragged = max(uniform, math.ceil(ragged_waves * programs_per_sm * num_sms / num_kv_heads), batch + 1)
     return uniform, ragged
 
 
@@ -774,7 +788,7 @@ def paged_decode(
     num_warps: int | None = None,
     num_stages: int | None = None,
     programs_per_sm: int | None = None,
-    ragged_waves: float = RAGGED_WAVES,
+    ragged_waves: float | None = None,
     v_layout: str = "token",
     backend: str = "auto",
 ) -> torch.Tensor:
@@ -797,7 +811,8 @@ def paged_decode(
     tile_n, num_warps, num_stages: the kernel's tuning knobs (None: the defaults for the
     cache's dtype). programs_per_sm: programs of that configuration that fit on one SM
     at once (None: the default configuration's, per dtype). ragged_waves: waves of
-    programs to aim for when lengths differ.
+    programs to aim for when lengths differ (None: the kernel's, RAGGED_WAVES or
+    CUDA_FP8_RAGGED_WAVES).
     v_layout: "token" when v_cache is shaped like k_cache (vLLM's order); "dim" when it is
     (num_blocks, num_kv_heads, head_dim, block_size), as `PagedKVCache(v_layout="dim")`
     stores it (cache.py says why one would, and why it is not the default).
@@ -871,6 +886,9 @@ def paged_decode(
     num_warps = num_warps or config.num_warps
     num_stages = num_stages or config.num_stages
     plan_heads, programs_per_sm = plan_geometry(backend, num_kv_heads, programs_per_sm, config)
+    ragged_waves = config.ragged_waves if ragged_waves is None else ragged_waves
+    if not ragged_waves > 0:
+        raise ValueError(f"ragged_waves must be > 0, got {ragged_waves}")
     if tile_n < 16 or tile_n & (tile_n - 1):
         raise ValueError(f"tile_n must be a power of 2 and >= 16 (tl.dot's minimum), got {tile_n}")
     if max_seq_len is not None and max_seq_len > block_tables.shape[1] * block_size:
