@@ -8,8 +8,8 @@ cannot be asked for in its language. In CUDA it can: each thread loads its own b
 and V into registers, pairs the bytes of two tokens with one byte permute, and feeds the
 matrix unit from there (fp8_decode.cu explains the fragment layout). Two warps of a program
 serve each KV head of the same tokens, so a program reads whole KV blocks. On the H200 it
-reads an fp8 cache about 1.6-1.9x as fast as the Triton kernel reads bf16 on batches of 16
-or more (NOTES.md, v10; the recorded rows are in labs/results/paged_attention.json).
+reads an fp8 cache about 1.5-1.9x as fast as the Triton kernel reads bf16 on batches of 16
+or more (NOTES.md, v11; the recorded rows are in labs/results/paged_attention.json).
 
 Scope. head_dim 128 and up to 8 query heads per KV head (the Llama, Qwen and Mistral models
 in labs/data; not Gemma's head_dim 256 or DeepSeek-V3's 192), V stored like K (vLLM's
