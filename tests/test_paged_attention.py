@@ -450,10 +450,10 @@ def test_split_targets_need_no_lengths():
     assert uniform == 64 and ragged == 264  # 1 split each; 4 waves of 528 slots over 8 KV heads
 
 
-@pytest.mark.parametrize("batch", [264, 600, 4096])
-def test_a_batch_past_the_waves_target_still_splits_its_long_sequence(batch):
-    """At or past the ragged target's waves, the target stays above the batch: without that the
-    launch ran unsplit, and a batch's one long sequence took a single program all the way."""
+@pytest.mark.parametrize("batch", [264, 300, 527])
+def test_fewer_waves_do_not_leave_a_larger_batch_unsplit(batch):
+    """The CUDA kernel's 2 waves aim for 264 splits on 132 SMs; a batch of 264-527 sequences is
+    still split, as 4 waves split it, so its one long sequence is cut into chunks."""
     uniform, ragged = split_targets(batch, 1, 132, None, tile_n=32, programs_per_sm=1, ragged_waves=2)
     assert uniform == batch and ragged == batch + 1
     lens = [131072] + [600] * (batch - 1)
@@ -461,6 +461,13 @@ def test_a_batch_past_the_waves_target_still_splits_its_long_sequence(batch):
     # Chunks of about the mean length (1,120 tokens at 264 sequences) or split_cap's 1,024.
     assert 100 <= sum(seq == 0 for seq, _, _ in items) <= 128
     assert max(end - start for _, start, end in items) <= 1120
+
+
+@pytest.mark.parametrize(("waves", "batch"), [(2, 528), (2, 4096), (4, 528), (4, 600)])
+def test_past_the_default_waves_target_a_batch_stays_unsplit(waves, batch):
+    """Past RAGGED_WAVES' target the floor stops: a split launch rebuilds the plan over the whole
+    batch in every program, which cost more than the unsplit launch on equal lengths (NOTES.md, v11)."""
+    assert split_targets(batch, 1, 132, None, tile_n=32, programs_per_sm=1, ragged_waves=waves) == (batch, batch)
 
 
 def test_the_cuda_kernel_aims_for_its_own_waves():

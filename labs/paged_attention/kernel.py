@@ -664,19 +664,24 @@ def split_targets(
     """(target_uniform, target_ragged): splits wanted in all, per KV head, for the plan.
 
     Uniform: the wave heuristic's per-sequence count times the batch. Ragged: enough
-    splits for `ragged_waves` waves, never fewer than the uniform target, and always more
-    than one per sequence. Neither needs the lengths, so the host computes both without
-    reading the GPU.
+    splits for `ragged_waves` waves, never fewer than the uniform target, and for a batch
+    below RAGGED_WAVES' target, more than one per sequence. Neither needs the lengths, so
+    the host computes both without reading the GPU.
     """
     longest = MAX_SPLITS * tile_n if max_seq_len is None else max_seq_len
     uniform = batch * choose_num_splits(batch, num_kv_heads, longest, num_sms, tile_n, programs_per_sm)
     if batch == 1:  # one sequence is always uniform: no grid tail for a ragged plan
         return uniform, uniform
-    # A batch as large as the waves' target would otherwise not be split at all, and its longest
-    # sequence would be one program's. 300 sequences, one of 65,536 tokens: bf16 1,846.9 us
-    # unsplit against 588.9, the CUDA fp8 kernel 2,472.9 against 381.4 (NOTES.md, v11). At
-    # batch + 1 a plan still cuts any sequence longer than the mean.
-    ragged = max(uniform, math.ceil(ragged_waves * programs_per_sm * num_sms / num_kv_heads), batch + 1)
+    per_wave = programs_per_sm * num_sms / num_kv_heads
+    # A ragged target at or below the batch runs the launch unsplit, and a long sequence among
+    # the others is then one program's. Aiming for fewer waves than RAGGED_WAVES (the CUDA fp8
+    # kernel's 2) must not make that happen at a smaller batch than RAGGED_WAVES does, so up to
+    # that target the plan still gets one split more than the batch. 300 sequences, one of
+    # 65,536 tokens: 2,472.9 us unsplit at 2 waves, 381.4 split (NOTES.md, v11). Past it the
+    # launch stays unsplit: every program of a split launch rebuilds the plan over the whole
+    # batch, and at B = 4,096 equal lengths that took 31,880.7 us against 558.4 unsplit (bf16).
+    floor = min(batch + 1, math.ceil(RAGGED_WAVES * per_wave))
+    ragged = max(uniform, math.ceil(ragged_waves * per_wave), floor)
     return uniform, ragged
 
 
