@@ -306,7 +306,7 @@ def test_reduction_gives_empty_splits_zero_weight_even_over_nan():
     part[3] = float("nan")
     out = torch.empty(1, heads, d, device=DEVICE)
     split_reduce_kernel[(1, heads)](part, lse, out, seq_lens, 1, 4, 4, 64, out.stride(0), out.stride(1),
-                                    HEAD_DIM=d, D_PAD=d, B_PAD=1, TILE_N=16, S_CHUNK=2, S_SMALL=0, CHUNKED=False,
+                                    HEAD_DIM=d, D_PAD=d, B_PAD=1, TILE_N=16, S_CHUNK=2, S_SMALL=2, CHUNKED=False,
                                     RANK_MAX=0, USE_GDC=False)
     w = torch.exp2(lse[[0, 2], 0] - 1.0)
     expected = (w[0] * part[0] + w[1] * part[2]) / w.sum()

@@ -468,19 +468,11 @@ def main(argv: list[str] | None = None) -> int:
     def plan(case: Case) -> list[int]:
         p, c, used = case.problem, config(case), kernel_of(case)
         default = kernel.default_config(case.table == "fp8", used)
-        if args.num_splits:
-            targets = (p.q.shape[0] * args.num_splits,) * 2
-        else:
-            heads, per_sm = kernel.plan_geometry(used, p.k_cache.shape[2], knobs["programs_per_sm"], default)
-            targets = kernel.split_targets(p.q.shape[0], heads, env["sm_count"], p.max_seq_len,
-                                           c["tile_n"], per_sm, knobs["ragged_waves"] or default.ragged_waves)
-        cap = kernel.MAX_SPLITS if args.num_splits else default.split_cap
-        if not default.chunked:
-            return kernel.plan_splits(p.lens, targets, c["tile_n"], cap)
-        counts = [0] * len(p.lens)
-        for seq, _, _ in kernel.chunked_plan(p.lens, targets, c["tile_n"], cap):
-            counts[seq] += 1
-        return counts
+        targets, cap = kernel.launch_targets(p.q.shape[0], p.k_cache.shape[2], env["sm_count"], default, used,
+                                             max_seq_len=p.max_seq_len, num_splits=args.num_splits,
+                                             tile_n=c["tile_n"], programs_per_sm=knobs["programs_per_sm"],
+                                             ragged_waves=knobs["ragged_waves"])
+        return kernel.splits_per_sequence(p.lens, targets, c["tile_n"], cap, default.chunked)
 
     cases = build_cases(torch, names, tables)
     if args.profile:

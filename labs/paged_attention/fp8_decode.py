@@ -125,8 +125,7 @@ def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_b
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int,
-            wph: int) -> nvrtc.Kernel:
+def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int) -> nvrtc.Kernel:
     major, minor = torch.cuda.get_device_capability(device_index)  # has_e4m3_cvt: unsupported_reason checked
     with torch.cuda.device(device_index):
         cubin, _ = compile_variant(major * 10 + minor, block_size, stride_ct, split, q_bf16, heads)
@@ -140,8 +139,7 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, p
     num_kv_heads = k_cache.shape[2]
     heads = heads_per_program(num_kv_heads)
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16, heads,
-                 WARPS_PER_HEAD)
+    fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16, heads)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
     i64 = ctypes.c_longlong
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(block_tables), ptr(seq_lens), ptr(k_scale), ptr(v_scale),

@@ -409,7 +409,7 @@ def split_reduce_kernel(
     B_PAD: tl.constexpr,
     TILE_N: tl.constexpr,
     S_CHUNK: tl.constexpr,  # splits combined per loop step
-    S_SMALL: tl.constexpr,  # 0, or: a sequence of at most this many splits takes one step of this many
+    S_SMALL: tl.constexpr,  # a sequence of at most this many splits takes one step of this many
     CHUNKED: tl.constexpr,  # unequal lengths follow chunked_plan (the CUDA kernel's), not _split_plan
     RANK_MAX: tl.constexpr,  # chunked_plan's rank_max
     USE_GDC: tl.constexpr,
@@ -440,13 +440,9 @@ def split_reduce_kernel(
     if USE_GDC:
         gdc_wait()  # the decode kernel's partials are complete and visible after this
 
-    if S_SMALL > 0:
-        if n_seq <= S_SMALL:
-            acc, w_sum = _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, head,
-                                         num_heads, HEAD_DIM, D_PAD, S_SMALL)
-        else:
-            acc, w_sum = _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, head,
-                                         num_heads, HEAD_DIM, D_PAD, S_CHUNK)
+    if n_seq <= S_SMALL:
+        acc, w_sum = _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, head,
+                                     num_heads, HEAD_DIM, D_PAD, S_SMALL)
     else:
         acc, w_sum = _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, head,
                                      num_heads, HEAD_DIM, D_PAD, S_CHUNK)
@@ -730,6 +726,36 @@ def chunked_plan(lens: list[int], targets: tuple[int, int], tile_n: int, split_c
     if len(lens) <= rank_max:
         rems.sort(key=lambda item: (-(item[2] - item[1]), item[0]))
     return full + rems
+
+
+def launch_targets(batch: int, num_kv_heads: int, num_sms: int | None, config: Config, backend: str, *,
+                   max_seq_len: int | None = None, num_splits: int | None = None, tile_n: int | None = None,
+                   programs_per_sm: int | None = None,
+                   ragged_waves: float | None = None) -> tuple[tuple[int, int], int]:
+    """(targets, split_cap) that paged_decode hands the kernels, for a launch of `config` on
+    `backend`; the bench mirrors a launch's plan with it. num_sms None (the CPU interpreter)
+    plans no split unless num_splits asks for one."""
+    if num_splits is None and num_sms is not None:
+        heads, per_sm = plan_geometry(backend, num_kv_heads, programs_per_sm, config)
+        targets = split_targets(batch, heads, num_sms, max_seq_len, tile_n or config.tile_n, per_sm,
+                                config.ragged_waves if ragged_waves is None else ragged_waves)
+    elif num_splits is None or num_splits == 1:
+        targets = (batch, batch)  # one split per sequence: the plan is skipped
+    else:
+        targets = (batch * num_splits, batch * num_splits)
+    return targets, config.split_cap if num_splits is None else MAX_SPLITS
+
+
+def splits_per_sequence(lens: list[int], targets: tuple[int, int], tile_n: int, split_cap: int,
+                        chunked: bool) -> list[int]:
+    """Items per sequence under the plan a Config's `chunked` picks: plan_splits, or the count
+    of each sequence's items in chunked_plan."""
+    if not chunked:
+        return plan_splits(lens, targets, tile_n, split_cap)
+    counts = [0] * len(lens)
+    for seq, _, _ in chunked_plan(lens, targets, tile_n, split_cap):
+        counts[seq] += 1
+    return counts
 # --8<-- [end:heuristics]
 
 
@@ -890,9 +916,7 @@ def paged_decode(
     tile_n = tile_n or config.tile_n
     num_warps = num_warps or config.num_warps
     num_stages = num_stages or config.num_stages
-    plan_heads, programs_per_sm = plan_geometry(backend, num_kv_heads, programs_per_sm, config)
-    ragged_waves = config.ragged_waves if ragged_waves is None else ragged_waves
-    if not ragged_waves > 0:
+    if ragged_waves is not None and not ragged_waves > 0:
         raise ValueError(f"ragged_waves must be > 0, got {ragged_waves}")
     if tile_n < 16 or tile_n & (tile_n - 1):
         raise ValueError(f"tile_n must be a power of 2 and >= 16 (tl.dot's minimum), got {tile_n}")
@@ -908,14 +932,12 @@ def paged_decode(
         )
     if num_splits is not None and not 1 <= num_splits <= MAX_SPLITS:
         raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
-    if num_splits is None and device.type == "cuda":
+    num_sms = None  # the interpreter: no split unless num_splits asks for one
+    if device.type == "cuda":
         num_sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-        targets = split_targets(batch, plan_heads, num_sms, max_seq_len, tile_n, programs_per_sm, ragged_waves)
-    elif num_splits is None or num_splits == 1:
-        targets = (batch, batch)  # one split per sequence: the plan is skipped
-    else:
-        targets = (batch * num_splits, batch * num_splits)
-    split_cap = config.split_cap if num_splits is None else MAX_SPLITS
+    targets, split_cap = launch_targets(batch, num_kv_heads, num_sms, config, backend, max_seq_len=max_seq_len,
+                                        num_splits=num_splits, tile_n=tile_n, programs_per_sm=programs_per_sm,
+                                        ragged_waves=ragged_waves)
     split = max(targets) > batch
     if device.type == "cpu":
         from labs.paged_attention.interpreter_compat import patch_interpreter_index
@@ -981,9 +1003,10 @@ def paged_decode(
         args = (part_out, part_lse, out, seq_lens, batch, targets[0], targets[1], split_cap,
                 out.stride(0), out.stride(1))
         wide = batch <= REDUCE_WIDE_MAX_BATCH
-        kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n,
-                      S_CHUNK=REDUCE_CHUNK if wide else config.reduce_chunk,
-                      S_SMALL=0 if wide else config.reduce_small, CHUNKED=config.chunked,
+        s_chunk = REDUCE_CHUNK if wide else config.reduce_chunk
+        kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n, S_CHUNK=s_chunk,
+                      # no small step: both branches take s_chunk (a zero-wide step does not compile)
+                      S_SMALL=(0 if wide else config.reduce_small) or s_chunk, CHUNKED=config.chunked,
                       RANK_MAX=fp8_decode.RANK_MAX_BATCH,
                       num_warps=4 if wide else REDUCE_NUM_WARPS_BATCHED, num_stages=2)
         if use_gdc:
