@@ -270,10 +270,13 @@ class GPUSpec:
     notes: str = ""
     memory_mib_cuda: int | None = None
     cuda_name: str | None = None  # torch.cuda.get_device_name(), the key lab results are recorded under
+    sm_clock_mhz: float | None = None  # the SM clock the driver reports (no datasheet gives one figure)
 
     def __post_init__(self):
         if self.memory_mib_cuda is not None and not 0 < self.memory_mib_cuda <= self.memory_mib_reported:
             raise SpecError(f"{self.name}: memory_mib_cuda must be positive and at most memory_mib_reported")
+        if self.sm_clock_mhz is not None and not 100 <= self.sm_clock_mhz <= 10_000:
+            raise SpecError(f"{self.name}: sm_clock_mhz must be in MHz (100 to 10,000), got {self.sm_clock_mhz}")
         if self.memory_mib_reported <= 0 or self.memory_gb_marketed <= 0:
             raise SpecError(f"{self.name}: memory sizes must be positive")
         # The driver never reports more than the marketed decimal GB.

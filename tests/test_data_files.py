@@ -231,3 +231,14 @@ def test_labs_never_import_pydantic():
     imports = re.compile(r"^\s*(import|from)\s+pydantic\b", re.M)
     for path in (ROOT / "labs").rglob("*.py"):
         assert not imports.search(path.read_text(encoding="utf-8")), path
+
+
+def test_an_sm_clock_in_hz_instead_of_mhz_is_refused():
+    """gpus.yaml's sm_clock_mhz feeds the shared-memory bandwidth a lesson quotes: 1.98e9 (Hz)
+    would make it a million times too fast, so the unit is checked."""
+    import dataclasses
+
+    h200 = specs.get_gpu("h200")
+    assert h200.sm_clock_mhz == 1980 and h200.provenance["sm_clock_mhz"] == "measured"
+    with pytest.raises(specs.SpecError, match="sm_clock_mhz must be in MHz"):
+        dataclasses.replace(h200, sm_clock_mhz=1.98e9)
