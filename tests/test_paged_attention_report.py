@@ -281,3 +281,24 @@ def test_fp8_summary_quotes_the_recorded_extremes():
 def test_fp8_summary_says_when_nothing_is_recorded(results):
     results(TWO_GPUS)
     assert "No `fp8` rows are recorded for GPU Alpha" in report.paged_attention_fp8_summary(gpu="GPU Alpha")
+
+
+def test_a_row_carries_its_program_count_wave_fill_and_share_of_the_dram_peak(results):
+    """The figures the lab page quotes about a row, from the row and the kernel's constants."""
+    results(TWO_GPUS)
+    row = report.paged_attention_row("b2-l9k", gpu="GPU Alpha")
+    raw = TWO_GPUS["GPU Alpha"]["rows"][1]
+    per_sm = report.kernel_constant("RESIDENT_PROGRAMS")
+    assert row["programs"] == raw["batch"] * raw["kv_heads"] == 8
+    assert row["wave_fill"] == pytest.approx(8 / (TWO_GPUS["GPU Alpha"]["sm_count"] * per_sm))
+    assert row["of_dram_peak"] is None  # no Nsight Compute peak noted for this GPU
+    h200 = report.paged_attention_slots("h200")
+    assert h200 == {"sm_count": 132, "per_sm": per_sm, "slots": 132 * per_sm}
+
+
+def test_the_slot_count_is_the_kernels_own_constant():
+    """Read from kernel.py's source, the value the launcher uses; a missing name is an error, not a guess."""
+    source = report.KERNEL_SOURCE.read_text()
+    assert f"\nRESIDENT_PROGRAMS = {report.kernel_constant('RESIDENT_PROGRAMS')}\n" in source
+    with pytest.raises(report.ResultsError, match="no integer constant NOT_A_CONSTANT"):
+        report.kernel_constant("NOT_A_CONSTANT")

@@ -19,12 +19,18 @@ missing, so guard them with `paged_attention_recorded(gpu)`.
 
 from __future__ import annotations
 
+import ast
+from functools import lru_cache
 from pathlib import Path
 
-from labs import recorded
+from labs import recorded, specs
 from labs.paged_attention.bench import RESULTS_PATH, table_rows
 
 RECORD_COMMAND = "python -m labs.paged_attention.bench --out out/pa --record"
+KERNEL_SOURCE = Path(__file__).with_name("kernel.py")
+# The DRAM peak Nsight Compute reported on the GPU the rows were measured on (NOTES.md, "Ceilings
+# measured"): the ceiling a decode that only reads can approach, above the copy's read-plus-write rate.
+NCU_DRAM_PEAK_TB_S = {"NVIDIA H200": 4.81}
 
 
 class ResultsError(ValueError):
@@ -246,19 +252,47 @@ def paged_attention_fp8_table(gpu: str) -> str:
             "own) and on the values before quantisation (what e4m3 costs).\n\n" + "\n".join(lines) + "\n")
 
 
+@lru_cache(maxsize=None)
+def kernel_constant(name: str) -> int:
+    """An integer constant of kernel.py, read from its source: the page quotes the value the kernel
+    runs with, and the site build cannot import kernel.py (it needs Triton)."""
+    for node in ast.parse(KERNEL_SOURCE.read_text()).body:
+        if (isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == [name]
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, int)):
+            return node.value.value
+    raise ResultsError(f"{KERNEL_SOURCE.name} has no integer constant {name}")
+
+
+def paged_attention_slots(gpu: str) -> dict:
+    """The bf16 kernel's program slots on a GPU of labs/data (`gpu="h200"`): its SMs x RESIDENT_PROGRAMS,
+    the programs of the default configuration that fit on one SM (read from Nsight Compute on an H200)."""
+    sm_count = specs.get_gpu(gpu).sm_count
+    per_sm = kernel_constant("RESIDENT_PROGRAMS")
+    return {"sm_count": sm_count, "per_sm": per_sm, "slots": sm_count * per_sm}
+
+
 def paged_attention_row(shape: str, gpu: str) -> dict:
-    """One shape's recorded row on the named GPU (time_us, tb_s, copy_fraction, ..., and its `run`)."""
+    """One shape's recorded row on the named GPU (time_us, tb_s, copy_fraction, ..., and its `run`), with
+    what a page says about it: `programs` (one per sequence and KV head, unsplit), `wave_fill` (those
+    programs over the bf16 kernel's slots) and `of_dram_peak` (tb_s over Nsight Compute's DRAM peak,
+    None where none is noted for the GPU)."""
     m = _machine(gpu)
     if not m.has(shape=shape):
         raise ResultsError(f"no row '{shape}' for {m.label}; recorded shapes: {[r['shape'] for r in m.rows]}")
-    return m.row(shape=shape)
+    row = m.row(shape=shape)
+    programs = row["batch"] * row["kv_heads"]
+    slots = row["run"]["sm_count"] * kernel_constant("RESIDENT_PROGRAMS")
+    peak = NCU_DRAM_PEAK_TB_S.get(m.label)
+    return {**row, "programs": programs, "wave_fill": programs / slots,
+            "of_dram_peak": row["tb_s"] / peak if peak else None}
 
 
 def paged_attention_entry(gpu: str) -> dict:
-    """The named GPU's latest run (driver, versions, copy_tb_s, sm_count, ...) with `gpu` its name and
-    `date` the day, or days, its rows were measured."""
+    """The named GPU's latest run (driver, versions, copy_tb_s, sm_count, ...) with `gpu` its name,
+    `date` the day, or days, its rows were measured, and `dram_peak_tb_s` Nsight Compute's DRAM peak
+    (None where none is noted)."""
     m = _machine(gpu)
-    return {**_latest_run(m), "gpu": m.label, "date": m.dates}
+    return {**_latest_run(m), "gpu": m.label, "date": m.dates, "dram_peak_tb_s": NCU_DRAM_PEAK_TB_S.get(m.label)}
 
 
 def paged_attention_headline(shape: str, gpu: str) -> str:
@@ -295,6 +329,7 @@ def paged_attention_fp8_summary(gpu: str) -> str:
 
 
 MACROS = [
+    paged_attention_slots,
     paged_attention_fp8_summary,
     paged_attention_recorded,
     paged_attention_env,
