@@ -167,6 +167,7 @@ def define_env(env):
     register_plot_macros(env)
     register_vllm_macros(env)
     register_lab_reports(env)
+    register_worked_examples(env)
 
 
 # ---------------------------------------------------------------------------
@@ -388,6 +389,19 @@ def register_lab_reports(env) -> None:
                                  f"({seen.get(fn.__name__, 'macros.py')})")
             seen[fn.__name__] = str(report.relative_to(ROOT))
             env.macro(fn)
+
+
+def register_worked_examples(env) -> None:
+    """Register every worked example of labs/worked (its modules' `EXAMPLES`) under its own name.
+
+    A lesson's worked example quotes figures a page must not compute; labs/worked computes
+    them from the cost model and the specs. A name registered twice is an error."""
+    from labs import worked
+
+    for module, fn in worked.examples():
+        if fn.__name__ in env.macros:
+            raise MacroError(f"worked example '{fn.__name__}' from {module} is already a macro")
+        env.macro(fn)
 
 
 # --- plots and calculator (begin) ---
