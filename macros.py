@@ -781,8 +781,7 @@ def register_vllm_macros(env) -> None:
     @env.macro
     def batch_default(name: str, gpu: str = "h200", entry: str = "vllm serve") -> int:
         """max_num_batched_tokens or max_num_seqs as vLLM picks it for this GPU and entry point."""
-        spec = _specs().get_gpu(gpu)
-        return _checked(facts.batch_default, name, spec.memory_bytes_reported, spec.display_name, entry)
+        return _checked(facts.gpu_batch_default, name, _specs().get_gpu(gpu), entry)
 
     @env.macro
     def removed(name: str, version: str | None = None, note: str | None = None) -> str:

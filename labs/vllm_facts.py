@@ -367,6 +367,17 @@ def batch_default(
     raise FactError("batch_defaults.tiers has no tier for this GPU: the last tier must have min_memory_gib: 0")
 
 
+def gpu_batch_default(name: str, gpu: Any, usage_context: str = "vllm serve") -> int:
+    """batch_default for a GPU of labs/data (a specs.GPUSpec), read as vLLM reads the device.
+
+    On CUDA, vLLM's platform asks NVML: the memory is NVML's total, nvidia-smi's figure
+    (memory_mib_reported, not the smaller cudaMemGetInfo total), and the name NVML's
+    ("NVIDIA H200", cuda_name; the display name where none is recorded). Every caller
+    goes through here so the KV budget, the simulator and the pages pick the same tier.
+    """
+    return batch_default(name, gpu.memory_bytes_reported, gpu.cuda_name or gpu.display_name, usage_context)
+
+
 # ---------------------------------------------------------------------------
 # Metrics, endpoints, environment variables, request fields
 # ---------------------------------------------------------------------------

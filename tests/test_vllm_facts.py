@@ -707,3 +707,20 @@ def test_a_planted_wrong_default_or_flag_in_a_copy_of_the_facts_file_is_caught(s
     assert any(p.startswith("engine_args.gpu_memory_utilization: default: file has 0.9,") and p.endswith("is 0.92")
                for p in problems), problems
     assert "engine_args.swap_space: flag --swap-space is not an option of `vllm serve`" in problems, problems
+
+
+def test_every_caller_reads_a_gpu_as_vllm_does_through_nvml():
+    """The KV budget, the simulator's defaults and the pages pick the tier from one function, which
+    reads NVML's total (nvidia-smi's figure), not cudaMemGetInfo's smaller one: a GPU between the
+    two figures at the 160 GiB floor shows which is read."""
+    from labs.kv_sizing import memory_budget
+    from labs.serving_sim import defaults
+
+    for gpu in specs.all_gpus().values():
+        picked = (vllm_facts.gpu_batch_default("max_num_batched_tokens", gpu),
+                  vllm_facts.gpu_batch_default("max_num_seqs", gpu))
+        sim = defaults.batch_defaults(gpu)
+        assert memory_budget.vllm_batch_defaults(gpu) == picked == (sim.max_num_batched_tokens, sim.max_num_seqs)
+    edge = dataclasses.replace(specs.get_gpu("h200"), memory_gb_marketed=180, memory_mib_reported=164_000,
+                               memory_mib_cuda=163_000)  # 160.2 GiB by NVML, 159.2 by cudaMemGetInfo
+    assert vllm_facts.gpu_batch_default("max_num_batched_tokens", edge) == 16384

@@ -67,9 +67,8 @@ def vllm_batch_defaults(gpu: GPUSpec) -> tuple[int, int]:
     vllm/engine/arg_utils.py `get_batch_defaults`, OpenAI-server context, as
     recorded in labs/data/vllm.yaml's `batch_defaults` table (memory tiers).
     """
-    total, name = gpu.memory_bytes_budget, gpu.name
-    return (vllm_facts.batch_default("max_num_batched_tokens", total, name),
-            vllm_facts.batch_default("max_num_seqs", total, name))
+    return (vllm_facts.gpu_batch_default("max_num_batched_tokens", gpu),
+            vllm_facts.gpu_batch_default("max_num_seqs", gpu))
 
 
 def estimate_activation_peak(model: ModelSpec, num_tokens: int, max_num_seqs: int, tp: int = 1) -> int:

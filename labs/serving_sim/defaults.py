@@ -38,8 +38,7 @@ def batch_defaults(gpu: GPUSpec, context: str = "serve", *, max_model_len: int |
         raise SpecError(f"usage context must be one of {', '.join(CONTEXTS)}, got {context!r}")
     if performance_mode not in PERFORMANCE_MODES:
         raise SpecError(f"performance mode must be one of {', '.join(PERFORMANCE_MODES)}, got {performance_mode!r}")
-    device = f"{gpu.name} {gpu.display_name}"
-    tokens, seqs = (vllm_facts.batch_default(name, gpu.memory_bytes_reported, device, CONTEXTS[context])
+    tokens, seqs = (vllm_facts.gpu_batch_default(name, gpu, CONTEXTS[context])
                     for name in ("max_num_batched_tokens", "max_num_seqs"))
     if performance_mode == "throughput":
         tokens, seqs = 2 * tokens, 2 * seqs

@@ -125,8 +125,7 @@ def paged_kv_reservation(model: str, gpu: str, used: int, max_model_len: int) ->
     m, g = get_model(model), get_gpu(gpu)
     d = roofline.deployment(m, g)
     full, short = d.kv_pool(max_model_len), d.kv_pool(used)
-    # The cap as the page's batch_default macro reads it (vllm serve, driver-reported memory).
-    max_num_seqs = vllm_facts.batch_default("max_num_seqs", g.memory_bytes_reported, g.display_name, "vllm serve")
+    max_num_seqs = vllm_facts.gpu_batch_default("max_num_seqs", g)
     paged = min(short.max_requests, max_num_seqs)
     contig = full.max_requests
     return PagedReservation(
