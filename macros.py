@@ -558,6 +558,7 @@ VLLM_FACT_KINDS = {
     "speculative_methods": ("speculative_methods", "spec", "Speculative-decoding methods"),
     "quantization_methods": ("quantization_methods", "quant", "Quantization methods"),
     "structured_output_backends": ("structured_output_backends", "so", "Structured-output backends"),
+    "kernel_constants": ("kernel_constants", "const", "Kernel constants"),
     "removed": ("removed", "removed", "Removed names"),
 }
 
@@ -694,6 +695,7 @@ def vllm_facts_table(kind: str) -> str:
         "speculative_methods": [("Meaning", "meaning"), ("Source", "source")],
         "quantization_methods": [("Meaning", "meaning"), ("Source", "source")],
         "structured_output_backends": [("Meaning", "meaning"), ("Source", "source")],
+        "kernel_constants": [("Value", "value"), ("Meaning", "meaning"), ("Source", "source")],
         "removed": [("Kind", "kind"), ("Removed in", "removed_in"), ("What it was", "note"),
                     ("Use instead", "replaced_by"), ("Evidence", "evidence")],
     }[kind]
@@ -777,6 +779,11 @@ def register_vllm_macros(env) -> None:
         """A speculative method, quantization method or structured-output backend, checked and linked."""
         _checked(facts.named, kind, name)
         return _link(f"`{name}`", kind + "s", name)
+
+    @env.macro
+    def vllm_constant(name: str) -> int | float:
+        """A constant of vLLM's kernels (`MIN_LAUNCH_GRID_SIZE_2D`), checked against the facts file."""
+        return _checked(facts.kernel_constant, name)
 
     @env.macro
     def batch_default(name: str, gpu: str = "h200", entry: str = "vllm serve") -> int:

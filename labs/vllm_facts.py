@@ -39,6 +39,7 @@ SECTIONS = (
     "speculative_methods",
     "quantization_methods",
     "structured_output_backends",
+    "kernel_constants",
     "removed",
 )
 
@@ -195,6 +196,14 @@ class _Named:
 
 
 @dataclass(frozen=True)
+class _Constant:
+    module: str
+    value: Union[int, float]
+    meaning: str
+    source: str
+
+
+@dataclass(frozen=True)
 class _Removed:
     kind: str
     note: str
@@ -221,6 +230,7 @@ class _FactsFile:
     speculative_methods: dict[str, _Named]
     quantization_methods: dict[str, _Named]
     structured_output_backends: dict[str, _Named]
+    kernel_constants: dict[str, _Constant]
     removed: dict[str, _Removed]
 
 
@@ -365,6 +375,15 @@ def batch_default(
             continue
         return int(tier[context][name])
     raise FactError("batch_defaults.tiers has no tier for this GPU: the last tier must have min_memory_gib: 0")
+
+
+def kernel_constant(name: str, facts: dict[str, Any] | None = None) -> int | float:
+    """A constant of vLLM's kernels or backends (`MIN_LAUNCH_GRID_SIZE_2D`), as the file records it."""
+    facts = facts or load()
+    entry = section("kernel_constants", facts).get(name)
+    if entry is None:
+        return _raise(_unknown("vLLM kernel constant", name, list(section("kernel_constants", facts)), facts))
+    return entry["value"]
 
 
 def gpu_batch_default(name: str, gpu: Any, usage_context: str = "vllm serve") -> int:

@@ -586,6 +586,27 @@ def check_registries(facts: dict) -> list[str]:
     return problems
 
 
+def check_kernel_constants(facts: dict) -> list[str]:
+    """Each constant against the assignment in its module's source. Read, not imported: a backend
+    module pulls in its GPU kernels, and the value is what the file says on any machine."""
+    import ast
+
+    problems = []
+    for name, entry in (facts.get("kernel_constants") or {}).items():
+        spec = importlib.util.find_spec(entry["module"])
+        if spec is None or spec.origin is None:
+            problems.append(f"kernel_constants.{name}: no module {entry['module']}")
+            continue
+        with open(spec.origin, encoding="utf-8") as source:
+            tree = ast.parse(source.read())
+        values = [node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+                  and isinstance(node.value, ast.Constant)]
+        if values != [entry["value"]]:
+            problems.append(f"kernel_constants.{name}: file has {entry['value']!r}, {entry['module']} assigns {values}")
+    return problems
+
+
 def check_removed(facts: dict, parser, registered: dict) -> list[str]:
     """A removed name must really be gone from the installed vLLM."""
     from vllm import envs
@@ -682,6 +703,10 @@ def test_request_fields(vllm):
 
 def test_method_and_backend_names(vllm):
     _assert_none(check_registries(FACTS))
+
+
+def test_kernel_constants(vllm):
+    _assert_none(check_kernel_constants(FACTS))
 
 
 def test_removed_names_are_gone(serve_parser, registered_metrics):

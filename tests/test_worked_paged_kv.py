@@ -33,7 +33,7 @@ def test_decode_step_llama_8b_h200():
     assert ex.layer_kv_read_bytes == step_bytes / 32 == 512 * 2**20
     assert ex.layer_kv_read_s == pytest.approx(step_bytes / 32 / bandwidth)
     assert ex.gather_copy_s == pytest.approx(3 * step_bytes / bandwidth)  # about 10.7 ms
-    assert ex.triton_split_below_sequences == 128 // 8 == 16
+    assert ex.triton_split_max_sequences == 128 // 8 == 16
     assert ex.no_gqa_flop_per_byte == 1
     assert ex.no_gqa_padded_flop_per_byte == 16
 

@@ -21,9 +21,6 @@ BLOCK_TABLE_ENTRY_BYTES = 4
 GATHER_COPY_PASSES = 3
 # tl.dot needs at least 16 rows, so a kernel program pads its query rows to 16 (kernel.py's G_PAD).
 TL_DOT_MIN_ROWS = 16
-# vllm/v1/attention/backends/triton_attn.py MIN_LAUNCH_GRID_SIZE_2D: below this many programs
-# (sequences x KV heads) the Triton backend adds softmax segments (split-K).
-TRITON_MIN_LAUNCH_GRID_SIZE_2D = 128
 
 
 def _positive(name: str, value: int) -> None:
@@ -44,7 +41,7 @@ class PagedDecodeStep:
     layer_kv_read_bytes: float  # the KV one layer's attention reads per step
     layer_kv_read_s: float  # that read at the bandwidth: one layer's attention floor
     gather_copy_s: float  # the step's KV traffic if the blocks were copied to a contiguous buffer first
-    triton_split_below_sequences: int  # batch under which vLLM's Triton backend splits the keys
+    triton_split_max_sequences: int  # most sequences for which vLLM's Triton backend splits the keys
     no_gqa_flop_per_byte: float  # attention FLOPs per KV byte with one query head per KV head
     no_gqa_padded_flop_per_byte: float  # the same with the query rows padded to tl.dot's 16
 
@@ -71,7 +68,7 @@ def paged_kv_decode_step(model: str, gpu: str, batch: int, context: int) -> Page
         layer_kv_read_bytes=step.kv_read_bytes / m.n_layers,
         layer_kv_read_s=step.kv_read_s / m.n_layers,
         gather_copy_s=GATHER_COPY_PASSES * step.kv_read_s,
-        triton_split_below_sequences=TRITON_MIN_LAUNCH_GRID_SIZE_2D // m.n_kv_heads,
+        triton_split_max_sequences=vllm_facts.kernel_constant("MIN_LAUNCH_GRID_SIZE_2D") // m.n_kv_heads,
         no_gqa_flop_per_byte=no_gqa,
         no_gqa_padded_flop_per_byte=TL_DOT_MIN_ROWS * no_gqa,
     )
