@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import ROOT
 from labs import roofline
 from labs.specs import SpecError, get_gpu
 from labs.worked import paged_kv
@@ -134,3 +135,11 @@ def test_examples_are_registered_and_prefixed():
     assert paged_kv.EXAMPLES == [paged_kv.paged_kv_decode_step, paged_kv.paged_kv_measured_step,
                                  paged_kv.paged_kv_reservation, paged_kv.paged_kv_request_blocks]
     assert all(fn.__name__.startswith("paged_kv_") for fn in paged_kv.EXAMPLES)
+
+
+def test_the_tile_the_lesson_quotes_is_the_lab_kernels():
+    """64-token tiles of 16-token blocks: 4 table lookups, from kernel.py's DEFAULT_TILE_N."""
+    source = (ROOT / "labs" / "paged_attention" / "kernel.py").read_text()
+    ex = paged_kv.paged_kv_decode_step("llama-3.1-8b", "h200", 32, 4096)
+    assert f"\nDEFAULT_TILE_N = {ex.lab_tile_tokens}\n" in source
+    assert ex.lookups_per_tile == ex.lab_tile_tokens // 16 == 4

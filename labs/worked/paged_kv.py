@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from labs import roofline, vllm_facts
 from labs.kv_sizing import formula
+from labs.paged_attention.report import kernel_constant, paged_attention_row
 from labs.specs import get_gpu, get_model
 
 # A block-table entry is an int32 physical block id (vllm/v1/worker/block_table.py; the lab's tables).
@@ -41,6 +42,8 @@ class PagedDecodeStep:
     layer_kv_read_bytes: float  # the KV one layer's attention reads per step
     layer_kv_read_s: float  # that read at the bandwidth: one layer's attention floor
     gather_copy_s: float  # the step's KV traffic if the blocks were copied to a contiguous buffer first
+    lab_tile_tokens: int  # tokens per tile of the lab's bf16 kernel (kernel.py DEFAULT_TILE_N)
+    lookups_per_tile: int  # block-table entries one such tile reads at the default block size
     triton_split_max_sequences: int  # most sequences for which vLLM's Triton backend splits the keys
     no_gqa_flop_per_byte: float  # attention FLOPs per KV byte with one query head per KV head
     no_gqa_padded_flop_per_byte: float  # the same with the query rows padded to tl.dot's 16
@@ -58,6 +61,7 @@ def paged_kv_decode_step(model: str, gpu: str, batch: int, context: int) -> Page
     blocks = formula.blocks_per_request(m, context, block_size)
     # FLOPs per byte of decode attention is 2 H_q / (H_kv s); with no GQA H_q = H_kv.
     no_gqa = 2 / itemsize
+    tile = kernel_constant("DEFAULT_TILE_N")
     return PagedDecodeStep(
         kv_bytes_per_element=itemsize,
         kv_row_bytes=m.head_dim * itemsize,
@@ -68,6 +72,8 @@ def paged_kv_decode_step(model: str, gpu: str, batch: int, context: int) -> Page
         layer_kv_read_bytes=step.kv_read_bytes / m.n_layers,
         layer_kv_read_s=step.kv_read_s / m.n_layers,
         gather_copy_s=GATHER_COPY_PASSES * step.kv_read_s,
+        lab_tile_tokens=tile,
+        lookups_per_tile=-(-tile // block_size),
         triton_split_max_sequences=vllm_facts.kernel_constant("MIN_LAUNCH_GRID_SIZE_2D") // m.n_kv_heads,
         no_gqa_flop_per_byte=no_gqa,
         no_gqa_padded_flop_per_byte=TL_DOT_MIN_ROWS * no_gqa,
@@ -86,8 +92,6 @@ class PagedMeasuredStep:
 def paged_kv_measured_step(model: str, shape: str, gpu: str) -> PagedMeasuredStep:
     """The lab times one layer; a decode step runs the kernel once per layer, so the lesson
     compares the sum with the step's floor. `gpu` is the lab's results label ("H200")."""
-    from labs.paged_attention.report import paged_attention_row
-
     m = get_model(model)
     row = paged_attention_row(shape, gpu)
     return PagedMeasuredStep(layer_time_us=row["time_us"], n_layers=m.n_layers,
