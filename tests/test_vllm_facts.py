@@ -589,7 +589,7 @@ def check_registries(facts: dict) -> list[str]:
 def check_kernel_constants(facts: dict) -> list[str]:
     """Each constant against the assignment in its module's source. Read, not imported: a backend
     module pulls in its GPU kernels, and the value is what the file says on any machine."""
-    import ast
+    from labs.source_constants import assigned_literals
 
     problems = []
     for name, entry in (facts.get("kernel_constants") or {}).items():
@@ -597,11 +597,7 @@ def check_kernel_constants(facts: dict) -> list[str]:
         if spec is None or spec.origin is None:
             problems.append(f"kernel_constants.{name}: no module {entry['module']}")
             continue
-        with open(spec.origin, encoding="utf-8") as source:
-            tree = ast.parse(source.read())
-        values = [node.value.value for node in tree.body if isinstance(node, ast.Assign)
-                  and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
-                  and isinstance(node.value, ast.Constant)]
+        values = assigned_literals(spec.origin, name)
         if values != [entry["value"]]:
             problems.append(f"kernel_constants.{name}: file has {entry['value']!r}, {entry['module']} assigns {values}")
     return problems

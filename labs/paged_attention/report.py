@@ -19,11 +19,11 @@ missing, so guard them with `paged_attention_recorded(gpu)`.
 
 from __future__ import annotations
 
-import ast
 from functools import lru_cache
 from pathlib import Path
 
 from labs import recorded, specs
+from labs.source_constants import assigned_literals
 from labs.paged_attention.bench import RESULTS_PATH, table_rows
 
 RECORD_COMMAND = "python -m labs.paged_attention.bench --out out/pa --record"
@@ -256,19 +256,22 @@ def paged_attention_fp8_table(gpu: str) -> str:
 def kernel_constant(name: str) -> int:
     """An integer constant of kernel.py, read from its source: the page quotes the value the kernel
     runs with, and the site build cannot import kernel.py (it needs Triton)."""
-    for node in ast.parse(KERNEL_SOURCE.read_text()).body:
-        if (isinstance(node, ast.Assign) and [t.id for t in node.targets if isinstance(t, ast.Name)] == [name]
-                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, int)):
-            return node.value.value
-    raise ResultsError(f"{KERNEL_SOURCE.name} has no integer constant {name}")
+    values = [v for v in assigned_literals(KERNEL_SOURCE, name) if isinstance(v, int)]
+    if len(values) != 1:
+        raise ResultsError(f"{KERNEL_SOURCE.name} has no integer constant {name}")
+    return values[0]
+
+
+def _slots(sm_count: int) -> int:
+    """Programs of the bf16 kernel's default configuration resident at once on sm_count SMs."""
+    return sm_count * kernel_constant("RESIDENT_PROGRAMS")
 
 
 def paged_attention_slots(gpu: str) -> dict:
     """The bf16 kernel's program slots on a GPU of labs/data (`gpu="h200"`): its SMs x RESIDENT_PROGRAMS,
     the programs of the default configuration that fit on one SM (read from Nsight Compute on an H200)."""
     sm_count = specs.get_gpu(gpu).sm_count
-    per_sm = kernel_constant("RESIDENT_PROGRAMS")
-    return {"sm_count": sm_count, "per_sm": per_sm, "slots": sm_count * per_sm}
+    return {"sm_count": sm_count, "per_sm": kernel_constant("RESIDENT_PROGRAMS"), "slots": _slots(sm_count)}
 
 
 def paged_attention_row(shape: str, gpu: str) -> dict:
@@ -281,9 +284,8 @@ def paged_attention_row(shape: str, gpu: str) -> dict:
         raise ResultsError(f"no row '{shape}' for {m.label}; recorded shapes: {[r['shape'] for r in m.rows]}")
     row = m.row(shape=shape)
     programs = row["batch"] * row["kv_heads"]
-    slots = row["run"]["sm_count"] * kernel_constant("RESIDENT_PROGRAMS")
     peak = NCU_DRAM_PEAK_TB_S.get(m.label)
-    return {**row, "programs": programs, "wave_fill": programs / slots,
+    return {**row, "programs": programs, "wave_fill": programs / _slots(row["run"]["sm_count"]),
             "of_dram_peak": row["tb_s"] / peak if peak else None}
 
 

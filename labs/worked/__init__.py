@@ -16,6 +16,18 @@ import pkgutil
 from collections.abc import Callable, Iterator
 
 
+def positive(name: str, value: float) -> None:
+    """A worked example's count or size that must be above zero, named in the error."""
+    if not value > 0:
+        raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+def at_least(name: str, value: float, minimum: float) -> None:
+    """A worked example's input with a floor other than zero (0 tokens allowed, a TPOT past another)."""
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum:g}, got {value!r}")
+
+
 def modules() -> Iterator:
     """Every topic module of the package, in name order."""
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):

@@ -15,6 +15,7 @@ from labs import roofline, vllm_facts
 from labs.kv_sizing import formula
 from labs.paged_attention.report import kernel_constant, paged_attention_row
 from labs.specs import get_gpu, get_model
+from labs.worked import positive
 
 # A block-table entry is an int32 physical block id (vllm/v1/worker/block_table.py; the lab's tables).
 BLOCK_TABLE_ENTRY_BYTES = 4
@@ -22,11 +23,6 @@ BLOCK_TABLE_ENTRY_BYTES = 4
 GATHER_COPY_PASSES = 3
 # tl.dot needs at least 16 rows, so a kernel program pads its query rows to 16 (kernel.py's G_PAD).
 TL_DOT_MIN_ROWS = 16
-
-
-def _positive(name: str, value: int) -> None:
-    if value < 1:
-        raise ValueError(f"{name} must be a positive number, got {value}")
 
 
 @dataclass(frozen=True)
@@ -52,8 +48,8 @@ class PagedDecodeStep:
 def paged_kv_decode_step(model: str, gpu: str, batch: int, context: int) -> PagedDecodeStep:
     """The paged decode kernel's worked example: why a contiguous copy triples a byte-bound step,
     why the block table is noise against the KV it indexes, and why padding costs no time."""
-    _positive("batch", batch)
-    _positive("context", context)
+    positive("batch", batch)
+    positive("context", context)
     m = get_model(model)
     step = roofline.deployment(m, gpu).decode(batch, context)
     itemsize = formula.kv_itemsize(m)
@@ -119,8 +115,8 @@ class PagedReservation:
 def paged_kv_reservation(model: str, gpu: str, used: int, max_model_len: int) -> PagedReservation:
     """What paging buys over reserving max_model_len per request: more requests in the same pool,
     and less decode throughput gain than that because each request adds KV bytes to every step."""
-    _positive("used", used)
-    _positive("max_model_len", max_model_len)
+    positive("used", used)
+    positive("max_model_len", max_model_len)
     if used > max_model_len:
         raise ValueError(f"used ({used}) must not exceed max_model_len ({max_model_len})")
     m, g = get_model(model), get_gpu(gpu)
@@ -163,8 +159,8 @@ class PagedRequestBlocks:
 def paged_kv_request_blocks(model: str, prompt: int, output: int, cached: int) -> PagedRequestBlocks:
     """Blocks are taken on admission and at each block boundary, never ahead of need: the counts
     the lesson walks through for one request with a cached prefix."""
-    _positive("prompt", prompt)
-    _positive("output", output)
+    positive("prompt", prompt)
+    positive("output", output)
     if not 0 <= cached <= prompt:
         raise ValueError(f"cached must be between 0 and prompt ({prompt}), got {cached}")
     m = get_model(model)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from labs import roofline
 from labs.kv_sizing import formula, memory_budget
+from labs.kv_sizing.memory_budget import GIB
 from labs.specs import ModelSpec, SpecError, get_gpu, get_model
-
-GIB = 2**30
+from labs.worked import positive
 
 # Hopper register file: 65,536 32-bit registers per SM (Hopper tuning guide, occupancy; the
 # driver's regs_per_multiprocessor read 65,536 on an H200 on 2026-11-29).
@@ -29,11 +29,6 @@ REGISTER_BYTES = 4
 SHARED_MEMORY_BANKS = 32
 SHARED_MEMORY_BANK_BYTES = 4
 
-
-
-def _positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
 
 
 def _variant(model: ModelSpec, n_kv_heads: int, label: str) -> ModelSpec:
@@ -51,7 +46,7 @@ class TokensInMemory:
 
 def part0_tokens_in_memory(model: str, memory_gib: float, kv_dtype: str = "auto") -> TokensInMemory:
     """Tokens of context a fixed amount of memory holds: a like-for-like price of one model's cache."""
-    _positive("memory_gib", memory_gib)
+    positive("memory_gib", memory_gib)
     spec = get_model(model)
     memory = int(memory_gib * GIB)
     per_token = formula.kv_bytes_per_token(spec, kv_dtype)

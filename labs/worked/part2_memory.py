@@ -13,14 +13,9 @@ from dataclasses import dataclass
 
 from labs import specs
 from labs.kv_sizing import formula, memory_budget
+from labs.kv_sizing.memory_budget import GIB
 from labs.oom.report import oom_result
-
-GIB = 2**30
-
-
-def _positive(name: str, value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {value}")
+from labs.worked import positive
 
 
 @dataclass(frozen=True)
@@ -41,8 +36,8 @@ def memory_naive_envelope(model: str, gpu: str, max_model_len: int, n_gpus: int 
     The envelope is a new formula on purpose: it is the estimate the lesson takes apart (marketed
     GB, no utilization share, no activation peak or graphs, no blocks), so nothing in labs/ holds it.
     """
-    _positive("max_model_len", max_model_len)
-    _positive("n_gpus", n_gpus)
+    positive("max_model_len", max_model_len)
+    positive("n_gpus", n_gpus)
     m, g = specs.get_model(model), specs.get_gpu(gpu)
     marketed = int(n_gpus * g.memory_gb_marketed * 1e9)
     kv_per_token = formula.kv_bytes_per_token(m)
@@ -76,7 +71,7 @@ def memory_budget_shares(model: str, gpu: str, max_model_len: int,
     An offloaded GiB of weights is a GiB more for the pool, so it buys GiB / (KV bytes per token)
     tokens; the budget's other terms do not move.
     """
-    _positive("max_model_len", max_model_len)
+    positive("max_model_len", max_model_len)
     m, g = specs.get_model(model), specs.get_gpu(gpu)
     base = memory_budget.budget(m, g, max_model_len)
     raised = memory_budget.budget(m, g, max_model_len, gpu_memory_utilization=raised_utilization)
@@ -138,7 +133,7 @@ class LogRounding:
 
 def memory_log_rounding(model: str, log_precision_gib: float = 0.01) -> LogRounding:
     """A pool rebuilt from GiB figures copied out of the log can only match to this many blocks."""
-    _positive("log_precision_gib", log_precision_gib)
+    positive("log_precision_gib", log_precision_gib)
     m = specs.get_model(model)
     bpb = formula.bytes_per_block(m, formula.default_block_size(m))
     return LogRounding(bytes_per_block=bpb, log_precision_gib=log_precision_gib,

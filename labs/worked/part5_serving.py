@@ -14,11 +14,7 @@ from dataclasses import dataclass
 from labs import roofline
 from labs.kv_sizing import formula
 from labs.roofline import StepCost
-
-
-def _require(name: str, value: float, minimum: float) -> None:
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum:g}, got {value!r}")
+from labs.worked import at_least
 
 
 # ---------------------------------------------------------------------------
@@ -56,11 +52,11 @@ def prefix_hit_tokens(shared_tokens: int, prompt_tokens: int, block_size: int) -
 def prefix_cache_hit_example(model: str, gpu: str, shared_tokens: int, user_tokens: int,
                              block_size: int | None = None) -> PrefixCacheHit:
     """What a prefix-cache hit on a shared system prompt skips, priced by the cost model."""
-    _require("shared_tokens", shared_tokens, 1)
-    _require("user_tokens", user_tokens, 0)
+    at_least("shared_tokens", shared_tokens, 1)
+    at_least("user_tokens", user_tokens, 0)
     dep = roofline.deployment(model, gpu)
     size = block_size if block_size is not None else formula.default_block_size(dep.model)
-    _require("block_size", size, 1)
+    at_least("block_size", size, 1)
     prompt = shared_tokens + user_tokens
     hit = prefix_hit_tokens(shared_tokens, prompt, size)
     cold, warm = dep.prefill(prompt), dep.prefill(prompt - hit, hit)
@@ -82,8 +78,8 @@ class PrefixCopies:
 
 def prefix_cache_copies_example(model: str, gpu: str, shared_tokens: int, copies: int) -> PrefixCopies:
     """The KV that `copies` concurrent requests spend on identical prefix bytes without sharing."""
-    _require("shared_tokens", shared_tokens, 1)
-    _require("copies", copies, 1)
+    at_least("shared_tokens", shared_tokens, 1)
+    at_least("copies", copies, 1)
     per_copy = roofline.deployment(model, gpu).kv_bytes(shared_tokens)
     return PrefixCopies(copies=copies, kv_bytes_per_copy=per_copy, kv_bytes=copies * per_copy)
 
@@ -124,8 +120,8 @@ def _sampling_scenario(model: str, gpu: str, batch: int, context: int, prompt_to
 
 def sampling_pass_example(model: str, gpu: str, batch: int, context: int) -> SamplingPass:
     """Why sampling parameters do not move throughput: a sampler pass is a sliver of the step."""
-    _require("batch", batch, 1)
-    _require("context", context, 0)
+    at_least("batch", batch, 1)
+    at_least("context", context, 0)
     row = _sampling_scenario(model, gpu, batch, context, 1)[str(batch)]
     return SamplingPass(batch=batch, context=context, logits_bytes=row["logits_bytes"], pass_s=row["pass_s"],
                         step_s=row["step_s"], pass_fraction=row["pass_s"] / row["step_s"])
@@ -133,7 +129,7 @@ def sampling_pass_example(model: str, gpu: str, batch: int, context: int) -> Sam
 
 def sampling_prompt_logprobs_example(model: str, gpu: str, prompt_tokens: int) -> PromptLogprobs:
     """Where sampling does cost: prompt_logprobs runs the LM head on every prompt token."""
-    _require("prompt_tokens", prompt_tokens, 1)
+    at_least("prompt_tokens", prompt_tokens, 1)
     row = _sampling_scenario(model, gpu, 1, 0, prompt_tokens)["prompt_logprobs"]
     return PromptLogprobs(prompt_tokens=prompt_tokens, logits_bytes=row["logits_bytes"],
                           lm_head_s=row["lm_head_s"], prefill_s=row["prefill_s"])
@@ -159,9 +155,9 @@ def lifecycle_serial_loop_example(model: str, gpu: str, context: int, cpu_s: flo
     A new formula: the GPU waits through the CPU part of every step, so it idles for
     cpu / (gpu step + cpu) of the wall time.
     """
-    _require("batch", batch, 1)
-    _require("context", context, 0)
-    _require("cpu_s", cpu_s, 0)
+    at_least("batch", batch, 1)
+    at_least("context", context, 0)
+    at_least("cpu_s", cpu_s, 0)
     step = roofline.deployment(model, gpu).decode(batch, context).floor_s
     return SerialLoop(gpu_step_s=step, cpu_s=cpu_s, gpu_idle_fraction=cpu_s / (step + cpu_s))
 
@@ -184,9 +180,9 @@ class TpotRelax:
 def tuning_tpot_relax_example(model: str, gpu: str, context: int, tight_tpot_s: float, loose_tpot_s: float,
                               kv_dtype: str = "auto") -> TpotRelax:
     """Relaxing a TPOT target admits more requests than it adds throughput: each step gets slower."""
-    _require("context", context, 0)
-    _require("tight_tpot_s", tight_tpot_s, 0)
-    _require("loose_tpot_s", loose_tpot_s, tight_tpot_s)
+    at_least("context", context, 0)
+    at_least("tight_tpot_s", tight_tpot_s, 0)
+    at_least("loose_tpot_s", loose_tpot_s, tight_tpot_s)
     dep = roofline.deployment(model, gpu, kv_dtype=kv_dtype)
     tight, loose = dep.largest_batch(context, tight_tpot_s), dep.largest_batch(context, loose_tpot_s)
     if tight < 1:
