@@ -30,6 +30,7 @@ from labs.paged_attention.kernel import (  # noqa: E402
     MIN_WAVE_FILL,
     choose_num_splits,
     chunked_plan,
+    flat_plan,
     paged_decode,
     plan_splits,
     split_reduce_kernel,
@@ -305,9 +306,9 @@ def test_reduction_gives_empty_splits_zero_weight_even_over_nan():
     part[1] = float("nan")  # an empty split's slot holding garbage
     part[3] = float("nan")
     out = torch.empty(1, heads, d, device=DEVICE)
-    split_reduce_kernel[(1, heads)](part, lse, out, seq_lens, 1, 4, 4, 64, out.stride(0), out.stride(1),
+    split_reduce_kernel[(1, heads)](part, lse, out, seq_lens, 1, 4, 4, 64, 0, 0, 0, out.stride(0), out.stride(1),
                                     HEAD_DIM=d, D_PAD=d, B_PAD=1, TILE_N=16, S_CHUNK=2, S_SMALL=2, CHUNKED=False,
-                                    RANK_MAX=0, USE_GDC=False)
+                                    RANK_MAX=0, FLAT=False, USE_GDC=False)
     w = torch.exp2(lse[[0, 2], 0] - 1.0)
     expected = (w[0] * part[0] + w[1] * part[2]) / w.sum()
     torch.testing.assert_close(out[0], expected)
@@ -432,9 +433,9 @@ def test_reduction_follows_the_chunked_plan(rank_max):
     out = torch.full((len(lens), heads, d), 123.0, device=DEVICE)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     split_reduce_kernel[(len(lens), heads)](
-        part, lse, out, seq_lens, len(lens), targets[0], targets[1], cap, out.stride(0), out.stride(1),
+        part, lse, out, seq_lens, len(lens), targets[0], targets[1], cap, 0, 0, 0, out.stride(0), out.stride(1),
         HEAD_DIM=d, D_PAD=d, B_PAD=8, TILE_N=tile, S_CHUNK=4, S_SMALL=2, CHUNKED=True, RANK_MAX=rank_max,
-        USE_GDC=False)
+        FLAT=False, USE_GDC=False)
     for seq in range(len(lens)):
         rows = [k for k, (s, _, _) in enumerate(items) if s == seq]
         if len(rows) == 1:
@@ -443,6 +444,48 @@ def test_reduction_follows_the_chunked_plan(rank_max):
         w = torch.exp2(lse[rows] - lse[rows].max(dim=0).values)  # (splits, heads)
         expected = (w[:, :, None] * part[rows]).sum(0) / w.sum(0)[:, None]
         torch.testing.assert_close(out[seq], expected, msg=f"sequence {seq}, rows {rows}")
+
+
+@pytest.mark.parametrize("lens, programs, min_units, weight", [
+    ([300, 16, 0, 130, 300, 47], 5, 2, 0),
+    ([300, 16, 0, 130, 300, 47], 7, 1, 2),
+    ([4096] * 3, 7, 2, 1),
+    ([1, 1, 1, 1, 2000], 4, 3, 1),
+    ([64, 64, 64, 64, 64, 65], 16, 1, 3),
+])
+def test_reduction_follows_the_flat_plan(lens, programs, min_units, weight):
+    """split_reduce_kernel with FLAT finds each sequence's pieces in the rows flat_plan gives
+    them (the CUDA kernel writes them there); a sequence in one piece is the kernel's."""
+    if DEVICE == "cpu":
+        from labs.paged_attention.interpreter_compat import patch_interpreter_index
+
+        patch_interpreter_index()
+    targets, cap, tile, heads, d = (9, 12), 64, 32, 2, 16
+    pieces = flat_plan(lens, targets, tile, cap, programs, min_units, weight)
+    for seq, n in enumerate(lens):
+        mine = [(a, z) for _, s, a, z in pieces if s == seq]
+        assert mine[0][0] == 0 and mine[-1][1] == n, f"sequence {seq}: its pieces cover it"
+        assert all(z == a for (_, z), (a, _) in zip(mine, mine[1:])), f"sequence {seq}: in order, no gap"
+    split = [row for row, seq, _, _ in pieces if sum(s == seq for _, s, _, _ in pieces) > 1]
+    assert len(set(split)) == len(split), "a row per piece of a split sequence (whole ones are written directly)"
+    n_rows = max(row for row, _, _, _ in pieces) + 1
+    gen = torch.Generator().manual_seed(3)
+    part = torch.randn(n_rows, heads, d, generator=gen).to(DEVICE)
+    lse = (4 * torch.rand(n_rows, heads, generator=gen)).to(DEVICE)
+    out = torch.full((len(lens), heads, d), 123.0, device=DEVICE)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    split_reduce_kernel[(len(lens), heads)](
+        part, lse, out, seq_lens, len(lens), targets[0], targets[1], cap, programs, min_units, weight,
+        out.stride(0), out.stride(1), HEAD_DIM=d, D_PAD=d, B_PAD=8, TILE_N=tile, S_CHUNK=2, S_SMALL=2,
+        CHUNKED=False, RANK_MAX=0, FLAT=True, USE_GDC=False)
+    for seq in range(len(lens)):
+        mine = [row for row, s, _, _ in pieces if s == seq]
+        if len(mine) == 1:
+            assert (out[seq] == 123.0).all(), f"sequence {seq} is one piece: the kernel writes it"
+            continue
+        w = torch.exp2(lse[mine] - lse[mine].max(dim=0).values)
+        expected = (w[:, :, None] * part[mine]).sum(0) / w.sum(0)[:, None]
+        torch.testing.assert_close(out[seq], expected, msg=f"sequence {seq}, rows {mine}")
 
 
 def test_split_targets_need_no_lengths():

@@ -40,17 +40,19 @@ def nvrtc_available():
     # PyTorch's CUDA wheels bring NVRTC; CI installs one, so there its absence is a failure.
     require_or_skip(HAVE_NVRTC, "NVRTC", "it comes with PyTorch's CUDA wheels (nvidia-cuda-nvrtc)")
 
-# The specialisations the launcher asks for: block size x split x query dtype for an 8-head
-# pool, and every other program width (KV heads per program) with 16-token blocks.
-VARIANTS = [(b, s, q, fp8_decode.HEADS_MAX) for b, s, q in itertools.product((1, 8, 16, 32), (False, True), (False, True))]
-VARIANTS += [(16, s, True, h) for h in (1, 2, 4) for s in (False, True)]
+# The specialisations the launcher asks for: block size x split (the chunked plan, or the flat
+# one) x query dtype for an 8-head pool, and every other program width (KV heads per program)
+# with 16-token blocks.
+SPLITS = ("direct", "split", "flat")
+VARIANTS = [(b, s, q, fp8_decode.HEADS_MAX) for b, s, q in itertools.product((1, 8, 16, 32), SPLITS, (False, True))]
+VARIANTS += [(16, s, True, h) for h in (1, 2, 4) for s in SPLITS]
 
 
 @pytest.mark.parametrize(("block_size", "split", "q_bf16", "heads"), VARIANTS,
-                         ids=[f"bs{b}-{'split' if s else 'direct'}-{'bf16' if q else 'fp16'}-h{h}"
-                              for b, s, q, h in VARIANTS])
+                         ids=[f"bs{b}-{s}-{'bf16' if q else 'fp16'}-h{h}" for b, s, q, h in VARIANTS])
 def test_every_specialisation_compiles_within_its_register_budget(nvrtc_available, block_size, split, q_bf16, heads):
-    cubin, log = fp8_decode.compile_variant(90, block_size, heads * 128, split, q_bf16, heads, verbose=True)
+    cubin, log = fp8_decode.compile_variant(90, block_size, heads * 128, split != "direct", q_bf16, heads,
+                                            verbose=True, flat=split == "flat")
     report = nvrtc.ptxas_report(log)
     threads = heads * fp8_decode.WARPS_PER_HEAD * 32
     budget = 65536 // (threads * fp8_decode.programs_per_sm(heads))
@@ -169,17 +171,19 @@ def test_gpu_cuda_fp8_zero_length_rows_are_zero():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [None, 3], ids=lambda s: f"splits{s}")
 @pytest.mark.parametrize("batch", [3, 256, 257, 600])
-def test_gpu_cuda_fp8_chunked_plan_at_every_batch_size(batch):
-    """Unequal lengths take kernel.chunked_plan: the remainders ranked longest first up to
-    RANK_MAX_BATCH sequences and in sequence order past it, with ties and zero lengths."""
+def test_gpu_cuda_fp8_ragged_plans_at_every_batch_size(batch, num_splits):
+    """Unequal lengths take kernel.flat_plan, and with a forced split count kernel.chunked_plan
+    (the remainders ranked longest first up to RANK_MAX_BATCH sequences and in sequence order
+    past it), with ties and zero lengths."""
     rng = random.Random(batch)
     lens = [5000] + [rng.choice([1, 16, 300, 300, rng.randint(1, 2000)]) for _ in range(batch - 1)]
     problem = _problem(lens, 4, 16, torch.bfloat16, "cuda", seed=batch)
     for i in range(1, batch, 7):  # padding slots of a captured batch
         problem.seq_lens[i] = 0
         problem.lens[i] = 0
-    out = _check(problem, f"batch={batch}", max_seq_len=max(lens))
+    out = _check(problem, f"batch={batch} splits={num_splits}", max_seq_len=max(lens), num_splits=num_splits)
     assert out[1].abs().max() == 0
 
 

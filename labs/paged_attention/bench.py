@@ -472,7 +472,11 @@ def main(argv: list[str] | None = None) -> int:
                                              max_seq_len=p.max_seq_len, num_splits=args.num_splits,
                                              tile_n=c["tile_n"], programs_per_sm=knobs["programs_per_sm"],
                                              ragged_waves=knobs["ragged_waves"])
-        return kernel.splits_per_sequence(p.lens, targets, c["tile_n"], cap, default.chunked)
+        flat = None
+        if used == "cuda" and default.flat and args.num_splits is None:
+            flat = (kernel.flat_plan_programs(p.k_cache.shape[2], env["sm_count"], default), default.flat_min_units,
+                    default.flat_weight)
+        return kernel.splits_per_sequence(p.lens, targets, c["tile_n"], cap, default.chunked, flat)
 
     cases = build_cases(torch, names, tables)
     if args.profile:

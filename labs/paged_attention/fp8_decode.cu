@@ -5,7 +5,8 @@
 //
 // Defined by the compiler's command line: BLOCK_SIZE (tokens per KV block), STRIDE_CT (bytes
 // between a block's tokens: num_kv_heads x 128 for a contiguous pool), SPLIT (0: one
-// program per (sequence, group of KV heads); 1: the split plan), Q_BF16 (queries and output
+// program per (sequence, group of KV heads); 1: the split plan), FLAT (with SPLIT: unequal
+// lengths take the flat plan, not the chunked one), Q_BF16 (queries and output
 // in bf16, else fp16), CHUNK (tokens a warp takes per step: 16 or 32), MIN_BLOCKS (programs
 // per SM the register budget is cut for), TILE (the split plan's unit: every split starts on
 // a multiple of TILE tokens; a multiple of 16), HEADS (KV heads a program serves), WPH (warps
@@ -170,7 +171,8 @@ __device__ __forceinline__ void split_range(int len, int n, int split, int& star
   end = (int)(hi < len ? hi : len);
 }
 
-// The ragged plan (lengths differ), kernel.py's chunked_plan: every sequence is cut into chunks
+// The chunked plan (lengths differ and the caller forced a split count; else FLAT's plan below),
+// kernel.py's chunked_plan: every sequence is cut into chunks
 // of one size, `chunk` tokens (a multiple of TILE, about total / target), and a remainder.
 // Items are all the full chunks first, in sequence order, then the remainders from longest
 // to shortest (sequence order among equals; plain sequence order above RANK_MAX sequences).
@@ -352,6 +354,129 @@ __device__ void find_split(const Plan& plan, int item, const int* __restrict__ s
   end = found[2];
   direct = found[3];
 }
+
+#if FLAT
+// The flat plan (kernel.flat_plan is the same plan in Python). Unequal lengths: every
+// sequence is `weight` units plus one per tile of its tokens (a length-0 sequence: one unit),
+// the batch's units are laid end to end, U in all, and program p of p_eff takes units
+// [p U / p_eff, (p + 1) U / p_eff): every program the same work to a unit, whatever the
+// lengths, with sequence boundaries inside a program's range. A sequence's weight units stand
+// for what each piece of work costs at its two ends (the queries' load, the warps' merge and
+// the stores) and hold no tokens. Equal lengths keep the proportional closed form, where one
+// item per split and no boundary inside a program was faster.
+struct FlatRange {
+  int each;      // equal lengths: splits per sequence, and len their length; else 0
+  int len;
+  i64 t0, t1;    // unequal: this program's units
+  i64 first;     // ... the first unit of sequence next_seq, the one holding t0
+  int next_seq;
+  int programs;  // ... the plan's programs (the grid may have more, for equal lengths)
+  int p_eff;     // ... programs with work: at most `programs`, at least min_units units each
+};
+
+__device__ __forceinline__ i64 flat_units(int len, int weight) {
+  return len > 0 ? (len + TILE - 1) / TILE + weight : 1;
+}
+
+__device__ FlatRange flat_range(const int* __restrict__ seq_lens, int batch, int target_uniform, int split_cap,
+                                int programs, int min_units, int weight) {
+  __shared__ i64 warp_units[WARPS];
+  __shared__ int warp_max[WARPS], warp_min[WARPS];
+  __shared__ i64 found_first;
+  __shared__ int found_seq;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int per = (batch + THREADS - 1) / THREADS;
+  const int b0 = min(tid * per, batch), b1 = min(b0 + per, batch);
+  i64 mine = 0;
+  int longest = 0, shortest = 0x7fffffff;
+  for (int b = b0; b < b1; ++b) {
+    const int len = seq_lens[b];
+    mine += flat_units(len, weight);
+    longest = max(longest, len);
+    shortest = min(shortest, len);
+  }
+  i64 incl = mine;
+  for (int o = 1; o < 32; o <<= 1) {
+    const i64 up = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += up;
+    longest = max(longest, __shfl_xor_sync(0xffffffffu, longest, o));
+    shortest = min(shortest, __shfl_xor_sync(0xffffffffu, shortest, o));
+  }
+  if (lane == 31) warp_units[warp] = incl;
+  if (lane == 0) {
+    warp_max[warp] = longest;
+    warp_min[warp] = shortest;
+  }
+  __syncthreads();
+  FlatRange fr;
+  i64 excl = incl - mine, total = 0;
+  for (int w = 0; w < WARPS; ++w) {
+    if (w < warp) excl += warp_units[w];
+    total += warp_units[w];
+    longest = max(longest, warp_max[w]);
+    shortest = min(shortest, warp_min[w]);
+  }
+  if (longest == shortest) {
+    fr.len = longest;
+    fr.each = splits_of(longest, target_uniform, (i64)longest * batch > 1 ? (i64)longest * batch : 1, split_cap);
+    return fr;
+  }
+  fr.each = 0;
+  const i64 wanted = (total + min_units - 1) / min_units;
+  fr.programs = programs;
+  fr.p_eff = (int)(wanted < programs ? wanted : programs);
+  const i64 p = blockIdx.y;
+  fr.t0 = p * total / fr.p_eff;
+  fr.t1 = (p + 1) * total / fr.p_eff;
+  if (p < fr.p_eff && fr.t0 >= excl && fr.t0 < excl + mine) {
+    i64 at = excl;
+    for (int b = b0; b < b1; ++b) {
+      const i64 n = flat_units(seq_lens[b], weight);
+      if (fr.t0 < at + n) {
+        found_seq = b;
+        found_first = at;
+        break;
+      }
+      at += n;
+    }
+  }
+  __syncthreads();
+  fr.next_seq = found_seq;
+  fr.first = found_first;
+  return fr;
+}
+
+// The k-th piece of this program's work, false past the last. Equal lengths: item
+// blockIdx.y + k gridDim.y, stored at row item. Unequal: the program's sequences in order;
+// the first may have begun in an earlier program (its row is blockIdx.y), the last may go on
+// in a later one (row programs + blockIdx.y), and those between are whole.
+__device__ __forceinline__ bool next_piece(FlatRange& fr, int k, const int* __restrict__ seq_lens, int batch,
+                                           int weight, int& seq, int& start, int& end, bool& direct, int& row) {
+  if (fr.each > 0) {
+    const int item = blockIdx.y + k * gridDim.y;
+    if (item >= batch * fr.each) return false;
+    seq = item / fr.each;
+    split_range(fr.len, fr.each, item % fr.each, start, end);
+    direct = fr.each == 1;
+    row = item;
+    return true;
+  }
+  if ((int)blockIdx.y >= fr.p_eff || fr.first >= fr.t1) return false;
+  seq = fr.next_seq++;
+  const int len = seq_lens[seq];
+  const i64 first = fr.first, last = first + flat_units(len, weight);
+  const i64 a = first > fr.t0 ? first : fr.t0, b = last < fr.t1 ? last : fr.t1;
+  const i64 skip = len > 0 ? weight : 0;  // the weight units come first and hold no tokens
+  const i64 lo = a - first - skip, hi = b - first - skip;
+  start = lo > 0 ? (int)(lo * TILE) : 0;
+  end = hi > 0 ? (int)(hi * TILE < len ? hi * TILE : len) : 0;
+  if (start > end) start = end;
+  direct = a == first && b == last;
+  row = a == fr.t0 ? (int)blockIdx.y : fr.programs + (int)blockIdx.y;
+  fr.first = last;
+  return true;
+}
+#endif
 #endif
 
 // A warp's running softmax over its tokens: O^T tiles, and the max and sum per query column.
@@ -509,7 +634,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_f
     u16* __restrict__ out,                   // (B, Hq, 128), q's dtype
     float* __restrict__ part_out,            // (max_items, Hq, 128) fp32, as kernel.py's
     float* __restrict__ part_lse,            // (max_items, Hq) fp32, log2 units
-    int batch, int group_size, int target_uniform, int target_ragged, int split_cap, float qk_scale,
+    int batch, int group_size, int target_uniform, int target_ragged, int split_cap, int flat_programs,
+    int min_units, int unit_weight, float qk_scale,
     i64 stride_qb, i64 stride_qh, i64 stride_cb, i64 stride_ch, i64 stride_tb, i64 stride_ob,
     i64 stride_oh) {
   // Warp w of the program serves KV head blockIdx.x * HEADS + w % HEADS: the program reads every
@@ -530,12 +656,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_f
   // items past this plan's end exit here. (A grid of one program per slot, each looping
   // over items blockIdx.y + k * gridDim.y, skipped those launches but balanced ragged
   // batches worse: 274.1 against 254.5 us on the lognormal batch; NOTES.md, v6.)
+#if FLAT
+  FlatRange fr = flat_range(seq_lens, batch, target_uniform, split_cap, flat_programs, min_units, unit_weight);
+  for (int k = 0;; ++k) {
+    int seq, start, end, item;
+    bool direct;
+    if (!next_piece(fr, k, seq_lens, batch, unit_weight, seq, start, end, direct, item)) break;
+#else
   __shared__ int rem_of[RANK_MAX];  // each sequence's remainder (-1: none), to rank them
   const Plan plan = make_plan(seq_lens, batch, target_uniform, target_ragged, split_cap, rem_of);
   for (int item = blockIdx.y; item < plan.items; item += gridDim.y) {
     int seq, start, end;
     bool direct;
     find_split(plan, item, seq_lens, split_cap, rem_of, batch, seq, start, end, direct);
+#endif
 #else
   {
     const int item = blockIdx.y, seq = item, start = 0, end = seq_lens[seq];

@@ -16,8 +16,9 @@ in labs/data; not Gemma's head_dim 256 or DeepSeek-V3's 192), V stored like K (v
 order), fp16 or bf16 queries, any supported block size, sm_89 or later. Other calls, the
 CPU interpreter, and machines without NVRTC use the Triton kernel (`kernel.resolve_backend`
 chooses). The partials' layout and the reduction kernel are the Triton kernel's; equal
-lengths split as the Triton kernel splits them, and unequal ones follow
-`kernel.chunked_plan`, which the reduction reads with CHUNKED set.
+lengths split as the Triton kernel splits them, and unequal ones follow `kernel.flat_plan`
+(one wave of programs over the batch's tiles laid end to end), which the reduction reads with
+FLAT set, or `kernel.chunked_plan` (CHUNKED) when the caller forces a split count.
 """
 
 from __future__ import annotations
@@ -108,44 +109,48 @@ def programs_per_sm(heads: int) -> int:
 
 
 def defines(block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int = HEADS_MAX,
-            chunk: int = CHUNK) -> tuple[str, ...]:
+            chunk: int = CHUNK, flat: bool = False) -> tuple[str, ...]:
     return (f"-DBLOCK_SIZE={block_size}", f"-DSTRIDE_CT={stride_ct}", f"-DTILE={TILE_N}", f"-DSPLIT={int(split)}",
+            f"-DFLAT={int(split and flat)}",
             f"-DQ_BF16={int(q_bf16)}", f"-DCHUNK={chunk}", f"-DMIN_BLOCKS={programs_per_sm(heads)}",
             f"-DHEADS={heads}", f"-DWPH={WARPS_PER_HEAD}", f"-DRANK_MAX={RANK_MAX_BATCH}",
             f"-DHEAD_DIM={HEAD_DIM}", f"-DGROUP_MAX={GROUP_MAX}")
 
 
 def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int = HEADS_MAX,
-                    chunk: int = CHUNK, verbose: bool = False) -> tuple[bytes, str]:
+                    chunk: int = CHUNK, verbose: bool = False, flat: bool = False) -> tuple[bytes, str]:
     """(cubin, log) of one specialisation; verbose adds ptxas's register and spill report to the log."""
-    options = defines(block_size, stride_ct, split, q_bf16, heads, chunk)
+    options = defines(block_size, stride_ct, split, q_bf16, heads, chunk, flat)
     if verbose:
         options += ("--ptxas-options=-v",)
     return nvrtc.compile_cubin(SOURCE.read_text(), SOURCE.name, arch, options)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int) -> nvrtc.Kernel:
+def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int,
+            flat: bool = False) -> nvrtc.Kernel:
     major, minor = torch.cuda.get_device_capability(device_index)  # has_e4m3_cvt: unsupported_reason checked
     with torch.cuda.device(device_index):
-        cubin, _ = compile_variant(major * 10 + minor, block_size, stride_ct, split, q_bf16, heads)
+        cubin, _ = compile_variant(major * 10 + minor, block_size, stride_ct, split, q_bf16, heads, flat=flat)
         return nvrtc.Kernel(cubin, "paged_decode_fp8")
 
 
 def launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, part_out, part_lse, *,
            items: int, group_size: int, targets: tuple[int, int], split_cap: int, qk_scale: float,
-           split: bool) -> None:
-    """One launch over the grid (head groups, items); kernel.paged_decode has checked the inputs."""
+           split: bool, flat: bool = False, flat_programs: int = 0, min_units: int = 1, unit_weight: int = 0) -> None:
+    """One launch over the grid (head groups, items); kernel.paged_decode has checked the inputs.
+    With flat, unequal lengths follow kernel.flat_plan over flat_programs of the items."""
     num_kv_heads = k_cache.shape[2]
     heads = heads_per_program(num_kv_heads)
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16, heads)
+    fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16, heads,
+                 flat and split)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
     i64 = ctypes.c_longlong
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(block_tables), ptr(seq_lens), ptr(k_scale), ptr(v_scale),
             ptr(out), ptr(part_out), ptr(part_lse),
             ctypes.c_int(q.shape[0]), ctypes.c_int(group_size), ctypes.c_int(targets[0]), ctypes.c_int(targets[1]),
-            ctypes.c_int(split_cap), ctypes.c_float(qk_scale),
+            ctypes.c_int(split_cap), ctypes.c_int(flat_programs), ctypes.c_int(min_units), ctypes.c_int(unit_weight), ctypes.c_float(qk_scale),
             i64(q.stride(0)), i64(q.stride(1)),
             i64(k_cache.stride(0)), i64(k_cache.stride(2)),  # bytes: 1-byte elements
             i64(block_tables.stride(0)), i64(out.stride(0)), i64(out.stride(1))]

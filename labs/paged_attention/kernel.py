@@ -389,6 +389,58 @@ def _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq,
 
 
 @triton.jit
+def _plan_rows(seq_lens_ptr, seq, batch, target_uniform, target_ragged, split_cap, B_PAD: tl.constexpr,
+               TILE_N: tl.constexpr, CHUNKED: tl.constexpr, RANK_MAX: tl.constexpr):
+    """(n_seq, first, n_first, last_row) of sequence seq under _split_plan or chunked_plan:
+    its splits are rows first .. first + n_first - 1, and last_row for any past those."""
+    offs_b, lens, tiles, n, ends, total, uniform = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged,
+                                                               split_cap, B_PAD, TILE_N)
+    pick = offs_b == seq
+    n_seq = tl.sum(tl.where(pick, n, 0), axis=0)
+    first = tl.sum(tl.where(pick, ends, 0), axis=0) - n_seq
+    n_first = n_seq
+    last_row = first
+    if CHUNKED:
+        if not uniform:
+            n_seq, first, n_first, last_row = _chunked_rows(seq, offs_b, lens, tiles, total, batch,
+                                                            target_ragged, split_cap, TILE_N, RANK_MAX)
+    return n_seq, first, n_first, last_row
+
+
+@triton.jit
+def _flat_rows(seq_lens_ptr, seq, batch, programs, min_units, weight, n_seq, first, n_first, last_row,
+               B_PAD: tl.constexpr, TILE_N: tl.constexpr):
+    """The same for the CUDA kernel's flat plan (flat_plan), given _plan_rows' answer, which
+    stands for equal lengths. Sequence seq holds units [first_unit, end_unit) of the batch's U;
+    program p of p_eff holds [p U / p_eff, (p+1) U / p_eff). Programs p0 .. p1 hold a piece of
+    it each: rows p0 + 1 .. p1 (the piece that starts each of them), and p0's own row, which
+    is p0 if the sequence starts p0's range and programs + p0 (p0's last piece) if it starts
+    inside it."""
+    offs_b = tl.arange(0, B_PAD)
+    inside = offs_b < batch
+    lens = tl.load(seq_lens_ptr + offs_b, mask=inside, other=0)
+    units = tl.where(lens > 0, (lens + TILE_N - 1) // TILE_N + weight, 1)
+    units = tl.where(inside, units, 0).to(tl.int64)
+    ends = tl.cumsum(units, axis=0)
+    total = tl.sum(units, axis=0)
+    longest = tl.max(tl.where(inside, lens, 0), axis=0)
+    shortest = tl.min(tl.where(inside, lens, 2**31 - 1), axis=0)
+    pick = offs_b == seq
+    end_unit = tl.sum(tl.where(pick, ends, 0), axis=0)
+    first_unit = end_unit - tl.sum(tl.where(pick, units, 0), axis=0)
+    p_eff = tl.minimum((total + min_units - 1) // min_units, programs)
+    p0 = ((first_unit + 1) * p_eff + total - 1) // total - 1  # the program holding first_unit
+    p1 = (end_unit * p_eff + total - 1) // total - 1  # ... and end_unit - 1
+    own = tl.where(p0 * total // p_eff == first_unit, p0, programs + p0)
+    if longest != shortest:
+        n_seq = (p1 - p0 + 1).to(n_seq.dtype)
+        first = (p0 + 1).to(first.dtype)
+        n_first = n_seq - 1
+        last_row = own.to(last_row.dtype)
+    return n_seq, first, n_first, last_row
+
+
+@triton.jit
 def split_reduce_kernel(
     # Pointers
     part_out_ptr,  # (max_items, Hq, D_PAD) fp32
@@ -400,6 +452,9 @@ def split_reduce_kernel(
     target_uniform,
     target_ragged,
     split_cap,
+    flat_programs,  # FLAT: the decode grid's programs per head group, and flat_plan's other two
+    flat_min_units,
+    flat_weight,
     # Strides of out (the last axis is contiguous)
     stride_ob,
     stride_oh,
@@ -412,6 +467,7 @@ def split_reduce_kernel(
     S_SMALL: tl.constexpr,  # a sequence of at most this many splits takes one step of this many
     CHUNKED: tl.constexpr,  # unequal lengths follow chunked_plan (the CUDA kernel's), not _split_plan
     RANK_MAX: tl.constexpr,  # chunked_plan's rank_max
+    FLAT: tl.constexpr,  # unequal lengths follow flat_plan (the CUDA kernel's)
     USE_GDC: tl.constexpr,
 ):
     """out = sum_s w_s * part_s / sum_s w_s, with w_s = exp2(lse_s - max_s lse_s).
@@ -424,17 +480,11 @@ def split_reduce_kernel(
     seq = tl.program_id(0)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
-    offs_b, lens, tiles, n, ends, total, uniform = _split_plan(seq_lens_ptr, batch, target_uniform, target_ragged,
-                                                               split_cap, B_PAD, TILE_N)
-    pick = offs_b == seq
-    n_seq = tl.sum(tl.where(pick, n, 0), axis=0)
-    first = tl.sum(tl.where(pick, ends, 0), axis=0) - n_seq
-    n_first = n_seq
-    last_row = first
-    if CHUNKED:
-        if not uniform:
-            n_seq, first, n_first, last_row = _chunked_rows(seq, offs_b, lens, tiles, total, batch,
-                                                            target_ragged, split_cap, TILE_N, RANK_MAX)
+    n_seq, first, n_first, last_row = _plan_rows(seq_lens_ptr, seq, batch, target_uniform, target_ragged,
+                                                 split_cap, B_PAD, TILE_N, CHUNKED, RANK_MAX)
+    if FLAT:
+        n_seq, first, n_first, last_row = _flat_rows(seq_lens_ptr, seq, batch, flat_programs, flat_min_units,
+                                                     flat_weight, n_seq, first, n_first, last_row, B_PAD, TILE_N)
     if n_seq == 1:
         return
     if USE_GDC:
@@ -495,6 +545,20 @@ RAGGED_WAVES = 4
 # and on 5 held-out batches of 32-256 sequences, by 2.6-22% in all; the one-long batch lost
 # 4% (118.5 / 113.9), NOTES.md, v11.
 CUDA_FP8_RAGGED_WAVES = 2
+# ... but with no split count forced it plans unequal lengths flat (flat_plan): one wave of
+# programs, each the same share of the batch's tiles laid end to end, so a program's range
+# may hold the end of one sequence and the start of the next. Against chunked_plan at 2 waves
+# (same run, µs): uniform 274.5 / 284.9, lognormal 228.4 / 236.5, one-long 105.6 / 118.7; of
+# four held-out batches three 1.4-7.6% faster, one 0.1% slower. 2 waves of flat programs were
+# slower on 12 of 13 rows (NOTES.md, v13). Equal lengths keep the proportional closed form: flat, b32-l4k took 86.8
+# against 83.4, since every program then holds two pieces.
+CUDA_FP8_FLAT_WAVES = 1
+# A sequence counts as its tiles plus this many: what a piece costs at its two ends (the
+# queries' load, the warps' merge, the stores), about two tiles' loads. 0 / 1 / 2 / 4 (µs):
+# lognormal 236.7 / 231.2 / 228.4 / 228.7, one-long 109.9 / 106.8 / 105.6 / 106.9 (v13).
+CUDA_FP8_FLAT_WEIGHT = 2
+# Fewest units per flat program, so a short batch is not cut into one-tile pieces.
+CUDA_FP8_FLAT_MIN_UNITS = 2
 # Upper bound on the forced split count per sequence (num_splits=...).
 MAX_SPLITS = 128
 # Most splits the plan gives one sequence unless forced: a 128K-token sequence among short
@@ -550,6 +614,10 @@ class Config:
     reduce_small: int = 0  # ... except a sequence of at most this many splits, in one step of this many
     chunked: bool = False  # unequal lengths follow chunked_plan, not the proportional plan_splits
     ragged_waves: float = RAGGED_WAVES  # waves of programs the plan aims for when lengths differ
+    flat: bool = False  # unequal lengths follow flat_plan (the CUDA kernel's), not chunked_plan, unless forced
+    flat_waves: int = 1  # ... over this many programs per SM slot
+    flat_min_units: int = 2  # ... of at least this many units each
+    flat_weight: int = 0  # ... where a sequence is this many units more than its tiles
 
 
 BF16_CONFIG = Config(DEFAULT_TILE_N, DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES, RESIDENT_PROGRAMS, SPLIT_CAP,
@@ -565,7 +633,8 @@ FP8_CONFIG = Config(FP8_TILE_N, FP8_NUM_WARPS, FP8_NUM_STAGES, FP8_RESIDENT_PROG
 CUDA_FP8_CONFIG = Config(fp8_decode.TILE_N, fp8_decode.HEADS_MAX * fp8_decode.WARPS_PER_HEAD, 1,
                          fp8_decode.programs_per_sm(fp8_decode.HEADS_MAX),
                          CUDA_FP8_SPLIT_CAP, REDUCE_CHUNK_CUDA_FP8, REDUCE_SMALL_CUDA_FP8, chunked=True,
-                         ragged_waves=CUDA_FP8_RAGGED_WAVES)
+                         ragged_waves=CUDA_FP8_RAGGED_WAVES, flat=True, flat_waves=CUDA_FP8_FLAT_WAVES,
+                         flat_min_units=CUDA_FP8_FLAT_MIN_UNITS, flat_weight=CUDA_FP8_FLAT_WEIGHT)
 # Which kernel serves an fp8 cache: "auto" takes the CUDA one wherever it applies.
 BACKENDS = ("auto", "triton", "cuda")
 
@@ -746,16 +815,69 @@ def launch_targets(batch: int, num_kv_heads: int, num_sms: int | None, config: C
     return targets, config.split_cap if num_splits is None else MAX_SPLITS
 
 
+def flat_plan_programs(num_kv_heads: int, num_sms: int, config: Config) -> int:
+    """Programs per head group the CUDA kernel's flat plan launches: config.flat_waves per
+    SM slot, shared by the head groups."""
+    heads, per_sm = plan_geometry("cuda", num_kv_heads)
+    return max(1, config.flat_waves * num_sms * per_sm // heads)
+
+
+def flat_plan(lens: list[int], targets: tuple[int, int], tile_n: int, split_cap: int, programs: int,
+              min_units: int, weight: int) -> list[tuple[int, int, int, int]]:
+    """The CUDA kernel's flat plan in plain Python: (row, sequence, start, end) pieces in
+    launch order, row being where a split piece's partial goes.
+
+    Equal lengths split as chunked_plan says, piece i at row i. Unequal ones: a sequence is
+    `weight` units (standing for a piece's fixed cost at its two ends; they hold no tokens)
+    plus one per tile of its tokens, a length-0 sequence one unit; the units are laid end to
+    end, U in all, and program p of p_eff = min(programs, ceil(U / min_units)) takes units
+    [p U / p_eff, (p + 1) U / p_eff), so each program has the same work to a unit whatever
+    the lengths. Its first piece goes to row p, its last (when another) to programs + p; the
+    pieces between are whole sequences. fp8_decode.cu and the reduction's _flat_rows
+    compute the same plan on the GPU; the tests hold the three together.
+    """
+    if max(lens) == min(lens) or max(targets) <= len(lens):
+        return [(i, *item) for i, item in enumerate(chunked_plan(lens, targets, tile_n, split_cap))]
+    units = [-(-n // tile_n) + weight if n else 1 for n in lens]
+    total = sum(units)
+    p_eff = min(programs, -(-total // min_units))
+    starts = [0]
+    for u in units:
+        starts.append(starts[-1] + u)
+    pieces = []
+    seq = 0
+    for p in range(p_eff):
+        t0, t1 = p * total // p_eff, (p + 1) * total // p_eff
+        while starts[seq + 1] <= t0:
+            seq += 1
+        b = seq
+        while b < len(lens) and starts[b] < t1:
+            lo, hi = max(starts[b], t0), min(starts[b + 1], t1)
+            skip = weight if lens[b] else 0
+            start = max(0, lo - starts[b] - skip) * tile_n
+            end = min(max(0, hi - starts[b] - skip) * tile_n, lens[b])
+            pieces.append((p if lo == t0 else programs + p, b, min(start, end), end))
+            b += 1
+    return pieces
+
+
 def splits_per_sequence(lens: list[int], targets: tuple[int, int], tile_n: int, split_cap: int,
-                        chunked: bool) -> list[int]:
-    """Items per sequence under the plan a Config's `chunked` picks: plan_splits, or the count
-    of each sequence's items in chunked_plan."""
-    if not chunked:
+                        chunked: bool, flat: tuple[int, int, int] | None = None) -> list[int]:
+    """Items per sequence under the plan a launch uses: plan_splits; the count of each
+    sequence's items in chunked_plan (a Config's `chunked`); or, with flat = (programs,
+    min_units, weight), its pieces in flat_plan."""
+    if flat is not None:
+        items = [(seq, a, z) for _, seq, a, z in flat_plan(lens, targets, tile_n, split_cap, *flat)]
+    elif chunked:
+        items = chunked_plan(lens, targets, tile_n, split_cap)
+    else:
         return plan_splits(lens, targets, tile_n, split_cap)
     counts = [0] * len(lens)
-    for seq, _, _ in chunked_plan(lens, targets, tile_n, split_cap):
+    for seq, _, _ in items:
         counts[seq] += 1
     return counts
+
+
 # --8<-- [end:heuristics]
 
 
@@ -953,9 +1075,15 @@ def paged_decode(
                and batch >= PDL_MIN_BATCH)
 
     # (2) Allocates: the plan gives every sequence at most one split more than its share
-    # of the target, so max(targets) + batch rows hold any plan.
+    # of the target, so max(targets) + batch rows hold any plan. The flat plan's programs
+    # write at most two rows each.
     out = torch.empty_like(q)
     items = max(targets) + batch if split else batch
+    flat = backend == "cuda" and config.flat and split and num_splits is None  # a forced count: chunked_plan
+    flat_programs = 0
+    if flat:  # equal lengths keep the proportional items; unequal ones take 2 rows per program at most
+        flat_programs = flat_plan_programs(num_kv_heads, num_sms, config)
+        items = max(targets[0] + batch, 2 * flat_programs)
     if split:
         part_out = torch.empty(items, num_q_heads, d_pad, dtype=torch.float32, device=device)
         part_lse = torch.empty(items, num_q_heads, dtype=torch.float32, device=device)
@@ -966,8 +1094,10 @@ def paged_decode(
     # (3) Launches
     if backend == "cuda":
         fp8_decode.launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, part_out, part_lse,
-                          items=items, group_size=group_size, targets=targets, split_cap=split_cap,
-                          qk_scale=scale * math.log2(math.e), split=split)
+                          items=flat_programs if flat else items, group_size=group_size,
+                          targets=targets, split_cap=split_cap, qk_scale=scale * math.log2(math.e), split=split,
+                          flat=flat, flat_programs=flat_programs, min_units=config.flat_min_units,
+                          unit_weight=config.flat_weight)
     else:
         compile_options = {} if device.type == "cpu" else {"maxnreg": MAX_REGISTERS}
         paged_decode_kernel[(num_kv_heads, items)](
@@ -1001,13 +1131,14 @@ def paged_decode(
         )
     if split:
         args = (part_out, part_lse, out, seq_lens, batch, targets[0], targets[1], split_cap,
+                flat_programs, config.flat_min_units, config.flat_weight,
                 out.stride(0), out.stride(1))
         wide = batch <= REDUCE_WIDE_MAX_BATCH
         s_chunk = REDUCE_CHUNK if wide else config.reduce_chunk
         kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n, S_CHUNK=s_chunk,
                       # no small step: both branches take s_chunk (a zero-wide step does not compile)
                       S_SMALL=(0 if wide else config.reduce_small) or s_chunk, CHUNKED=config.chunked,
-                      RANK_MAX=fp8_decode.RANK_MAX_BATCH,
+                      RANK_MAX=fp8_decode.RANK_MAX_BATCH, FLAT=flat,
                       num_warps=4 if wide else REDUCE_NUM_WARPS_BATCHED, num_stages=2)
         if use_gdc:
             _launch_reduce((batch, num_q_heads), args, kwargs)
