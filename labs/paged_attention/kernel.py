@@ -1137,7 +1137,9 @@ def paged_decode(
         s_chunk = REDUCE_CHUNK if wide else config.reduce_chunk
         kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n, S_CHUNK=s_chunk,
                       # no small step: both branches take s_chunk (a zero-wide step does not compile)
-                      S_SMALL=(0 if wide else config.reduce_small) or s_chunk, CHUNKED=config.chunked,
+                      S_SMALL=(0 if wide else config.reduce_small) or s_chunk,
+                      # flat: _flat_rows answers for unequal lengths, so the chunked lookup would be thrown away
+                      CHUNKED=config.chunked and not flat,
                       RANK_MAX=fp8_decode.RANK_MAX_BATCH, FLAT=flat,
                       num_warps=4 if wide else REDUCE_NUM_WARPS_BATCHED, num_stages=2)
         if use_gdc:
