@@ -452,6 +452,8 @@ def test_reduction_follows_the_chunked_plan(rank_max):
     ([4096] * 3, 7, 2, 1),
     ([1, 1, 1, 1, 2000], 4, 3, 1),
     ([64, 64, 64, 64, 64, 65], 16, 1, 3),
+    ([40] * 3, 7, 1, 2),  # equal and short: 2 tiles each caps the target's 3 splits
+    ([0] * 3, 5, 2, 2),  # equal and empty: one split each, written by the kernel
 ])
 def test_reduction_follows_the_flat_plan(lens, programs, min_units, weight):
     """split_reduce_kernel with FLAT finds each sequence's pieces in the rows flat_plan gives
