@@ -419,14 +419,14 @@ def _flat_rows(seq_lens_ptr, seq, batch, target_uniform, split_cap, programs, mi
     sequence starts p0's range and programs + p0 (p0's last piece) if it starts inside it.
 
     Every one of the B x Hq reduction programs runs this, most only to find one piece and
-    exit, so its cost grows as B squared. Run after _split_plan, as it was, it cost 13.9 us
-    at B = 256 and 0.8 us at (64, 4,096) (NOTES.md, v14)."""
+    exit, so its cost grows as B squared. Run after _split_plan, as it was, it took 13.9 us
+    more at B = 256 and 0.8 us more at (64, 4,096) (NOTES.md, v14)."""
     offs_b = tl.arange(0, B_PAD)
     inside = offs_b < batch
     lens = tl.load(seq_lens_ptr + offs_b, mask=inside, other=0)
     longest = tl.max(tl.where(inside, lens, 0), axis=0)
     shortest = tl.min(tl.where(inside, lens, 2**31 - 1), axis=0)
-    # int32 sums: every length is under 2**31 / batch (the launcher checks it), so U is too.
+    # int32 sums, as in _split_plan: the launcher holds batch x table capacity under 2**31.
     units = tl.where(lens > 0, (lens + TILE_N - 1) // TILE_N + weight, 1)
     units = tl.where(inside, units, 0)
     total = tl.sum(units, axis=0).to(tl.int64)
@@ -487,7 +487,9 @@ def split_reduce_kernel(
     One program per (sequence, query head). Sequences with one split were written by the
     decode kernel and are skipped. The splits are combined S_CHUNK at a time with a
     running maximum, so any number of splits fits in registers. With CHUNKED, unequal
-    lengths find their splits where chunked_plan (the CUDA kernel's plan) put them.
+    lengths find their splits where chunked_plan (the CUDA kernel's forced-count plan) put
+    them; with FLAT, every length finds them where flat_plan did (_flat_rows), and CHUNKED
+    is not read.
     """
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -1151,8 +1153,7 @@ def paged_decode(
         kwargs = dict(HEAD_DIM=head_dim, D_PAD=d_pad, B_PAD=b_pad, TILE_N=tile_n, S_CHUNK=s_chunk,
                       # no small step: both branches take s_chunk (a zero-wide step does not compile)
                       S_SMALL=(0 if wide else config.reduce_small) or s_chunk,
-                      # flat: _flat_rows answers for unequal lengths, so the chunked lookup would be thrown away
-                      CHUNKED=config.chunked and not flat,
+                      CHUNKED=config.chunked,
                       RANK_MAX=fp8_decode.RANK_MAX_BATCH, FLAT=flat,
                       num_warps=4 if wide else REDUCE_NUM_WARPS_BATCHED, num_stages=2)
         if use_gdc:
