@@ -14,6 +14,7 @@ import pytest
 from labs import recorded
 from labs.gpu_harness import cuda_build, results
 from labs.gpu_harness.report import Column, LabResults
+from labs.gpu_harness import timing
 from labs.gpu_harness.timing import Summary, gb_per_s, summarize
 
 GOOD_CU = """
@@ -70,6 +71,81 @@ def test_summary_is_the_median_and_spread_of_the_samples():
         summarize([1.0, 0.0])
     assert gb_per_s(4e9, 1e6) == pytest.approx(4.0)  # 4 GB in 1 s
     assert gb_per_s(2**30, 268.4) == pytest.approx(4000.5, rel=1e-4)  # 1 GiB in 268.4 µs
+
+
+def test_layer_count_rotates_enough_copies_to_keep_each_call_out_of_l2():
+    l2 = 60 * 10**6
+    assert timing.layer_count(268 * 10**6, l2) == timing.MIN_LAYERS  # (32, 4,096) in fp8: the floor
+    # 8.4 MB (B = 1 in fp8): the other copies must hold 4 x 60 MB, so 29 of them, 30 in all.
+    assert timing.layer_count(8_400_000, l2) == 30
+    n = timing.layer_count(8_400_000, l2)
+    assert (n - 1) * 8_400_000 >= timing.L2_MULTIPLE * l2 > (n - 2) * 8_400_000
+    assert timing.layer_count(1000, l2) == timing.MAX_LAYERS
+    with pytest.raises(ValueError, match="positive"):
+        timing.layer_count(0, l2)
+
+
+class _FakeCuda:
+    """Enough of torch.cuda for layers_timer: a clock that each call advances, events that read
+    it, and a graph that records the calls made while capturing and replays them."""
+
+    def __init__(self):
+        self.clock_ms, self.capturing, self.runs = 0.0, None, []
+        cuda = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = None
+
+            def record(self):
+                self.at = cuda.clock_ms
+
+            def elapsed_time(self, end):
+                return end.at - self.at
+
+        class CUDAGraph:
+            def __init__(self):
+                self.calls = []
+
+            def replay(self):
+                for call in self.calls:
+                    call()
+
+        class _Capture:
+            def __init__(self, graph):
+                self.graph = graph
+
+            def __enter__(self):
+                cuda.capturing = self.graph
+
+            def __exit__(self, *exc):
+                cuda.capturing = None
+
+        self.Event, self.CUDAGraph, self.graph = Event, CUDAGraph, _Capture
+
+    def synchronize(self):
+        pass
+
+    def call(self, name, ms):
+        def run():
+            if self.capturing is not None:
+                self.capturing.calls.append(run)
+            else:
+                self.clock_ms += ms
+                self.runs.append(name)
+        return run
+
+
+def test_layers_timer_captures_every_call_in_one_graph_and_reports_time_per_call():
+    cuda = _FakeCuda()
+    fake_torch = type("FakeTorch", (), {"cuda": cuda})
+    calls = [cuda.call(f"layer{i}", 0.05 * (i + 1)) for i in range(4)]  # 0.05 + ... + 0.2 = 0.5 ms a replay
+    us = timing.layers_timer(fake_torch, rep_ms=10, warmup_ms=1)(calls)
+    assert us == pytest.approx(500 / 4)  # the median replay over the calls it holds, in µs
+    assert cuda.runs[:4] == ["layer0", "layer1", "layer2", "layer3"]  # each ran once before the capture
+    assert len(cuda.runs) % 4 == 0 and len(cuda.runs) >= 4 * (1 + 5 + 2 + 5)  # whole replays only
+    with pytest.raises(ValueError, match="no calls"):
+        timing.layers_timer(fake_torch)([])
 
 
 ENV = {"gpu": "NVIDIA H200", "date": "2030-05-06", "sm_count": 132, "compute_capability": "9.0", "driver": "1",

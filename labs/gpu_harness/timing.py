@@ -69,3 +69,67 @@ def copy_bandwidth_gb_s(torch, time, nbytes: int = 2**30) -> float:
     t = time(lambda: dst.copy_(src))
     del src, dst
     return gb_per_s(2 * nbytes, t.median_us)
+
+
+# A decode step runs attention once per layer, each layer on its own KV cache, from one CUDA
+# graph. `layers_timer` times a call that way: the graph holds the call on `layer_count`
+# copies of its inputs, back to back, and its replays run back to back with no flush. What
+# the flush did, the other copies do: between two calls on one copy they read several times
+# the L2. And the graph's own launch, paid once per step in a served model, is shared by all
+# the calls instead of charged to each.
+# The fewest calls a timed graph holds: the H200 took about 4 µs to replay a graph of one
+# empty kernel (NOTES.md of the paged-attention lab, v7), so each call then carries 0.5 µs of it.
+MIN_LAYERS = 8
+# ... and enough of them that the other copies read this many times the L2 between two calls
+# on one copy, so no call finds its inputs in L2.
+L2_MULTIPLE = 4
+# The most copies: the smallest input that needs more is under 4 MiB at a 60 MB L2.
+MAX_LAYERS = 64
+
+
+def layer_count(nbytes: int, l2_bytes: int) -> int:
+    """Copies of a call's inputs that `layers_timer` rotates: at least MIN_LAYERS, and enough
+    that the other copies hold L2_MULTIPLE x the L2's bytes, up to MAX_LAYERS."""
+    if nbytes <= 0 or l2_bytes <= 0:
+        raise ValueError(f"need positive byte counts, got nbytes={nbytes}, l2_bytes={l2_bytes}")
+    return min(MAX_LAYERS, max(MIN_LAYERS, 1 + -(-L2_MULTIPLE * l2_bytes // nbytes)))
+
+
+def layers_timer(torch, rep_ms: float = 100.0, warmup_ms: float = 25.0):
+    """Returns time(calls) -> µs per call: `calls` (one per copy of the inputs) captured in one
+    CUDA graph, its replays timed back to back with CUDA events, the median replay divided by
+    the number of calls. Each call runs once before the capture, to compile and allocate."""
+
+    def time(calls) -> float:
+        if not calls:
+            raise ValueError("no calls to time")
+        for call in calls:
+            call()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for call in calls:
+                call()
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)
+        for _ in range(max(1, int(warmup_ms / estimate_ms))):
+            graph.replay()
+        pairs = []
+        for _ in range(max(5, int(rep_ms / estimate_ms))):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            pairs.append((start, end))
+        torch.cuda.synchronize()
+        del graph
+        return 1e3 * statistics.median([s.elapsed_time(e) for s, e in pairs]) / len(calls)
+
+    return time

@@ -26,10 +26,17 @@ Order of work: environment report -> build every case -> check the kernel agains
 fp32 reference on each (prints "all results match", or exits 1 before any timing) ->
 measure the device-to-device copy bandwidth -> time each case.
 
-Timing: each call (kernel + reduction, or SDPA) is captured in a CUDA graph and its
-replay is timed by `triton.testing.do_bench`, which clears the L2 cache before every
-replay; the median is reported. The kernel is timed twice and the spread between the
-two medians is kept, so a difference between versions smaller than it reads as noise.
+Timing (--timer flush, the default): each call (kernel + reduction, or SDPA) is captured in
+a CUDA graph and its replay is timed by `triton.testing.do_bench`, which zeroes 256 MB
+before every replay to clear L2; the median is reported. Every recorded row was timed so.
+--timer layers times a call as a decode step pays for it instead: one CUDA graph holds the
+call on `timing.layer_count` copies of its queries and KV, back to back, as a model's
+layers each read their own cache, and its replays are timed back to back with CUDA
+events; the median replay over the number of copies is reported. The copies keep each
+call's KV out of L2 without the flush's dirty lines, and the graph's launch is shared by
+the calls (labs/gpu_harness/timing.py says why; NOTES.md, v19, has both timers side by
+side). The kernel is timed twice and the spread between the two medians is kept, so a
+difference between versions smaller than it reads as noise.
 
 The decode is bound by memory: per (sequence, KV head) it reads L * d * 2 (K and V)
 elements and does about 4 * L * d FLOPs per query head, so ~G FLOP per byte for a group
@@ -49,6 +56,7 @@ JSON written by --out (DIR/paged_attention.json, this run only):
           "sdpa_backend": str,                   # which SDPA backend the default call ran
           "sdpa_kernels": [str],                 # its CUDA kernel names, from the profiler
           "pdl": bool,                           # the reduction used programmatic dependent launch
+          "timer": "layers" | "flush",           # how every time below was taken (Timing, above)
           "max_memory_reserved_gib": float,
           "table": str,                          # the shapes table main() printed: format_table(rows)
           "rows": [{                             # shapes: equal lengths
@@ -60,6 +68,7 @@ JSON written by --out (DIR/paged_attention.json, this run only):
             "kv_bytes": int,                     # K + V bytes the kernel must read
             "floor_us": float,                   # kv_bytes / copy bandwidth
             "time_us": float,                    # median, kernel + reduction
+            "layers": int,                       # copies the timer rotated (1 under --timer flush)
             "rerun_spread": float,               # |median2 - median1| / median1
             "tb_s": float,                       # kv_bytes / time_us
             "copy_fraction": float,              # tb_s / copy_tb_s
@@ -132,6 +141,7 @@ MATCH_REL_ERR = 1e-2
 # output's norm. One unit in the last place, 2**-3, is the line.
 FP8_MATCH_REL_ERR = 2.0**-3
 TABLES = ("shapes", "groups", "ragged", "fp8")
+TIMERS = ("flush", "layers")
 
 
 @dataclass(frozen=True)
@@ -236,7 +246,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-pdl", action="store_true", help="launch the reduction without programmatic dependent launch")
     # Bounded: a sweep times ~100 configurations per case, each for this long.
     p.add_argument("--rep-ms", type=cli.bounded_int(1, 10_000), default=100,
-                   help="do_bench repetition time per measurement, ms, 1..10000 (default 100)")
+                   help="timed replays per measurement, in ms of replays, 1..10000 (default 100)")
+    p.add_argument("--timer", choices=TIMERS, default=TIMERS[0],
+                   help="flush (default, what the recorded rows used): one call per CUDA graph, 256 MB zeroed "
+                   "before each replay; layers: each call on its own copy of the inputs, many to a graph, as a "
+                   "decode step's layers")
     p.add_argument("--sweep", action="store_true",
                    help="time every tile/warps/stages configuration in SWEEP_CONFIGS at every useful "
                    "split count, per equal-length case; prints the best per case and writes sweep.json to --out; "
@@ -250,6 +264,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         variant = [f"--{n.replace('_', '-')}" for n in ("tile_n", "num_warps", "num_stages", "programs_per_sm",
                                                          "num_splits", "ragged_waves", "no_pdl")
                    if getattr(args, n) not in (None, False)]
+        if args.timer != TIMERS[0]:
+            variant.append(f"--timer {args.timer}")
         if variant:
             p.error(f"--record stores the kernel's default configuration; drop {', '.join(variant)} "
                     "(use --out to keep a variant's rows)")
@@ -309,6 +325,31 @@ def graph_timer(torch, triton, rep_ms: int):
         return 1e3 * triton.testing.do_bench(run, warmup=25, rep=rep_ms, return_mode="median")
 
     return time_us
+
+
+class CaseTimer:
+    """µs per call under the timer --timer names: `copies` gives the inputs each call of a
+    measurement takes (one set under flush, timing.layer_count sets under layers), and
+    calling the timer with make(*inputs) -> call times one call per set."""
+
+    def __init__(self, torch, triton, rep_ms: int, kind: str):
+        from labs.gpu_harness.timing import layers_timer
+
+        self.kind = kind
+        self._flush = graph_timer(torch, triton, rep_ms)
+        self._layers = layers_timer(torch, rep_ms)
+        self._l2_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
+
+    def copies(self, tensors: tuple, nbytes: int) -> list[tuple]:
+        from labs.gpu_harness.timing import layer_count
+
+        n = 1 if self.kind == "flush" else layer_count(nbytes, self._l2_bytes)
+        return [tuple(tensors)] + [tuple(t.clone() for t in tensors) for _ in range(n - 1)]
+
+    def __call__(self, make, inputs: list[tuple]) -> float:
+        if self.kind == "flush":
+            return self._flush(make(*inputs[0]))
+        return self._layers([make(*x) for x in inputs])
 
 
 def copy_bandwidth(torch, time_us) -> tuple[float, float]:
@@ -455,10 +496,13 @@ def main(argv: list[str] | None = None) -> int:
             "programs_per_sm": knobs["programs_per_sm"] or default.programs_per_sm,
         }
 
-    def decode_fn(case: Case, used: str | None = None):
-        """The launch for one case, on the kernel the launcher picks (or `used`); a Triton
-        launch names its configuration, which a CUDA one must not (a knob means Triton)."""
+    def decode_fn(case: Case, used: str | None = None, layer: tuple | None = None):
+        """The launch for one case, on the kernel the launcher picks (or `used`), on the case's
+        own inputs or a timer's copy of its (q, k_cache, v_cache); a Triton launch names its
+        configuration, which a CUDA one must not (a knob means Triton)."""
         p, used = case.problem, used or kernel_of(case)
+        if layer is not None:
+            p = dataclasses.replace(p, q=layer[0], k_cache=layer[1], v_cache=layer[2])
         named = {} if used == "cuda" else config(case, used)
         kw = {**knobs, **named, "num_splits": args.num_splits, "backend": used}
         return lambda: kernel.paged_decode(
@@ -488,8 +532,8 @@ def main(argv: list[str] | None = None) -> int:
         print("profile runs done")
         return 0
 
-    def sdpa(case: Case):
-        q, k, v = case.dense
+    def sdpa(case: Case, layer: tuple | None = None):
+        q, k, v = layer or case.dense
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=True)
 
     def rel_err(x, ref):
@@ -530,12 +574,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print("all results match")
 
-    time_us = graph_timer(torch, triton, args.rep_ms)
-    copy_tb_s, copy_graph_tb_s = copy_bandwidth(torch, time_us)
+    copy_tb_s, copy_graph_tb_s = copy_bandwidth(torch, graph_timer(torch, triton, args.rep_ms))
     print(f"copy bandwidth: {copy_tb_s:.3f} TB/s (read + write; eager copy_), {copy_graph_tb_s:.3f} from a CUDA graph")
+    timer = CaseTimer(torch, triton, args.rep_ms, args.timer)
 
     if args.sweep:
-        return sweep(args, [c for c in cases.values() if c.table in ("shapes", "groups")], time_us, copy_tb_s, env)
+        return sweep(args, [c for c in cases.values() if c.table in ("shapes", "groups")], timer, copy_tb_s, env)
 
     dense_cases = [c for c in cases.values() if c.dense is not None]
     sdpa_names = sdpa_kernel_names(torch, sdpa(dense_cases[0])) if dense_cases else []
@@ -546,36 +590,42 @@ def main(argv: list[str] | None = None) -> int:
     bf16_times = {}
     for case in cases.values():
         p, c = case.problem, config(case)
-        fn = decode_fn(case)
-        t1, t2 = time_us(fn), time_us(fn)
-        bf16_times[case.name] = t1
         kv_bytes = p.kv_bytes()
+        layers = timer.copies((p.q, p.k_cache, p.v_cache), kv_bytes)
+        t1, t2 = (timer(lambda *x: decode_fn(case, layer=x), layers) for _ in range(2))
+        bf16_times[case.name] = t1
         tb_s = kv_bytes / t1 / 1e6
         common = {
             "tile_n": c["tile_n"], "num_warps": c["num_warps"], "num_stages": c["num_stages"],
             "kv_bytes": kv_bytes, "floor_us": round(kv_bytes / copy_tb_s / 1e6, 2),
-            "time_us": round(t1, 2), "rerun_spread": round(abs(t2 - t1) / t1, 4),
+            "time_us": round(t1, 2), "layers": len(layers), "rerun_spread": round(abs(t2 - t1) / t1, 4),
             "tb_s": round(tb_s, 3), "copy_fraction": round(tb_s / copy_tb_s, 3),
         }
         splits = plan(case)
         s = case.spec
         if case.table in ("shapes", "groups"):
-            t_sdpa = time_us(sdpa(case))
+            dense = timer.copies(case.dense, kv_bytes)
+            t_sdpa = timer(lambda *x: sdpa(case, x), dense)
             by_backend = {}
             if case.table == "shapes":
                 for label, be in sdpa_backends(torch).items():
 
-                    def forced(be=be, f=sdpa(case)):
-                        with sdpa_kernel([be]):
-                            return f()
+                    def forced(*x, be=be):
+                        f = sdpa(case, x)
+
+                        def call():
+                            with sdpa_kernel([be]):
+                                return f()
+                        return call
 
                     try:
                         with warnings.catch_warnings():  # a refusing backend warns, then raises
                             warnings.simplefilter("ignore")
-                            forced()
+                            forced(*case.dense)()
                     except RuntimeError:
                         continue  # this backend does not take the call (e.g. GQA or head size)
-                    by_backend[label] = round(time_us(forced), 2)
+                    by_backend[label] = round(timer(forced, dense), 2)
+            del dense
             row = {
                 "shape": case.name, **asdict(s), "dtype": "bfloat16", "num_splits": max(splits),
                 "tiles": -(-s.context_len // c["tile_n"]), **common,
@@ -601,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
             base = bf16_times[case.of]
             used = kernel_of(case)
             # The Triton fp8 kernel on the same data, for the page's comparison of the two.
-            t_triton = t1 if used == "triton" else time_us(decode_fn(case, "triton"))
+            t_triton = t1 if used == "triton" else timer(lambda *x: decode_fn(case, "triton", x), layers)
             row = {
                 "shape": case.name, "of": case.of, "kind": table_of(case.of), "batch": len(p.lens),
                 "context_len": p.max_seq_len, "q_heads": s.q_heads, "kv_heads": s.kv_heads,
@@ -616,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             out_rows["fp8"].append(row)
             print(format_fp8_row(row))
+        del layers
 
     entry = {
         **env,
@@ -624,6 +675,7 @@ def main(argv: list[str] | None = None) -> int:
         "sdpa_backend": backend,
         "sdpa_kernels": sdpa_names,
         "pdl": bool(kernel._PDL["ok"]),
+        "timer": args.timer,
         "max_memory_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
         "table": format_table(out_rows["shapes"]),
         "rows": out_rows["shapes"],
@@ -778,7 +830,7 @@ def resource_report(kernel_module) -> list[dict]:
     return report
 
 
-def sweep(args, cases, time_us, copy_tb_s, env) -> int:
+def sweep(args, cases, timer, copy_tb_s, env) -> int:
     """Time every (tile_n, warps, stages) config at every useful split count, per equal-length case."""
     from labs.paged_attention import kernel
 
@@ -788,15 +840,19 @@ def sweep(args, cases, time_us, copy_tb_s, env) -> int:
             s, p = case.spec, case.problem
             pairs = s.batch * s.kv_heads
             tiles = -(-s.context_len // tile_n)
+            layers = timer.copies((p.q, p.k_cache, p.v_cache), p.kv_bytes())
             line = []
             for ns in SWEEP_SPLITS:
                 if ns > tiles or pairs * ns > 16 * env["sm_count"]:
                     continue
-                fn = lambda ns=ns: kernel.paged_decode(  # noqa: E731
-                    p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, max_seq_len=p.max_seq_len,
-                    num_splits=ns, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages)
+
+                def make(q, k, v, ns=ns):
+                    return lambda: kernel.paged_decode(
+                        q, k, v, p.block_tables, p.seq_lens, max_seq_len=p.max_seq_len,
+                        num_splits=ns, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages)
+
                 try:
-                    t = time_us(fn)
+                    t = timer(make, layers)
                 except Exception as e:  # e.g. out of shared memory for a large tile and deep pipeline
                     print(f"  {case.name} tile {tile_n} w{num_warps} s{num_stages} splits {ns}: failed ({type(e).__name__})")
                     break
@@ -806,6 +862,7 @@ def sweep(args, cases, time_us, copy_tb_s, env) -> int:
                                 "copy_fraction": round(frac, 3)})
                 line.append(f"{ns}:{t:.1f}")
             print(f"  tile {tile_n:>3} w{num_warps} s{num_stages} {case.name:<16} " + " ".join(line))
+            del layers
     resources = resource_report(kernel)
     for r in resources:
         print(f"  resources: {r}")
@@ -818,7 +875,8 @@ def sweep(args, cases, time_us, copy_tb_s, env) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "sweep.json").write_text(json.dumps(
-            {"env": env, "copy_tb_s": copy_tb_s, "resources": resources, "rows": results}, indent=1))
+            {"env": env, "timer": timer.kind, "copy_tb_s": copy_tb_s, "resources": resources, "rows": results},
+            indent=1))
     return 0
 
 
