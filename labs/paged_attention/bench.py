@@ -246,7 +246,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-pdl", action="store_true", help="launch the reduction without programmatic dependent launch")
     # Bounded: a sweep times ~100 configurations per case, each for this long.
     p.add_argument("--rep-ms", type=cli.bounded_int(1, 10_000), default=100,
-                   help="timed replays per measurement, in ms of replays, 1..10000 (default 100)")
+                   help="how long each measurement replays the call, ms, 1..10000 (default 100)")
     p.add_argument("--timer", choices=TIMERS, default=TIMERS[0],
                    help="flush (default, what the recorded rows used): one call per CUDA graph, 256 MB zeroed "
                    "before each replay; layers: each call on its own copy of the inputs, many to a graph, as a "
