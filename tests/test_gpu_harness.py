@@ -12,9 +12,8 @@ import shutil
 import pytest
 
 from labs import recorded
-from labs.gpu_harness import cuda_build, results
+from labs.gpu_harness import cuda_build, results, timing
 from labs.gpu_harness.report import Column, LabResults
-from labs.gpu_harness import timing
 from labs.gpu_harness.timing import Summary, gb_per_s, summarize
 
 GOOD_CU = """
