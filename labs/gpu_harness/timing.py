@@ -40,6 +40,22 @@ def gb_per_s(nbytes: float, time_us: float) -> float:
     return nbytes / time_us / 1e3
 
 
+def event_samples_us(torch, fn, reps: int, before=None) -> list[float]:
+    """`reps` CUDA-event timings of fn in µs, queued back to back and read after one synchronize;
+    `before` (a flush, say) runs ahead of each sample, outside its events."""
+    pairs = []
+    for _ in range(reps):
+        if before is not None:
+            before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        pairs.append((start, end))
+    torch.cuda.synchronize()
+    return [1e3 * s.elapsed_time(e) for s, e in pairs]
+
+
 def event_timer(torch, reps: int = 20, warmup: int = 3):
     """Returns time(fn) -> Summary: `reps` CUDA-event timings of fn, each after an L2 flush."""
     flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
@@ -48,16 +64,7 @@ def event_timer(torch, reps: int = 20, warmup: int = 3):
         for _ in range(warmup):
             fn()
         torch.cuda.synchronize()
-        pairs = []
-        for _ in range(reps):
-            flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            pairs.append((start, end))
-        torch.cuda.synchronize()
-        return summarize([1e3 * s.elapsed_time(e) for s, e in pairs])
+        return summarize(event_samples_us(torch, fn, reps, before=flush.zero_))
 
     return time
 
@@ -112,24 +119,11 @@ def layers_timer(torch, rep_ms: float = 100.0, warmup_ms: float = 25.0):
                 call()
         graph.replay()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        estimate_ms = max(start.elapsed_time(end) / 5, 1e-3)
+        estimate_ms = max(statistics.median(event_samples_us(torch, graph.replay, 5)) / 1e3, 1e-3)
         for _ in range(max(1, int(warmup_ms / estimate_ms))):
             graph.replay()
-        pairs = []
-        for _ in range(max(5, int(rep_ms / estimate_ms))):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            pairs.append((start, end))
-        torch.cuda.synchronize()
+        samples = event_samples_us(torch, graph.replay, max(5, int(rep_ms / estimate_ms)))
         del graph
-        return 1e3 * statistics.median([s.elapsed_time(e) for s, e in pairs]) / len(calls)
+        return statistics.median(samples) / len(calls)
 
     return time

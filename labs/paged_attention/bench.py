@@ -837,18 +837,18 @@ def sweep(args, cases, timer, copy_tb_s, env) -> int:
     from labs.paged_attention import kernel
 
     results = []
-    for tile_n, num_warps, num_stages in SWEEP_CONFIGS:
-        for case in cases:
-            s, p = case.spec, case.problem
-            pairs = s.batch * s.kv_heads
+    for case in cases:  # the timer's copies of a case's inputs, made once for every configuration
+        s, p = case.spec, case.problem
+        pairs = s.batch * s.kv_heads
+        layers = timer.copies((p.q, p.k_cache, p.v_cache), p.kv_bytes())
+        for tile_n, num_warps, num_stages in SWEEP_CONFIGS:
             tiles = -(-s.context_len // tile_n)
-            layers = timer.copies((p.q, p.k_cache, p.v_cache), p.kv_bytes())
             line = []
             for ns in SWEEP_SPLITS:
                 if ns > tiles or pairs * ns > 16 * env["sm_count"]:
                     continue
 
-                def make(q, k, v, ns=ns):
+                def make(q, k, v, ns=ns, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages):
                     return lambda: kernel.paged_decode(
                         q, k, v, p.block_tables, p.seq_lens, max_seq_len=p.max_seq_len,
                         num_splits=ns, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages)
@@ -864,7 +864,7 @@ def sweep(args, cases, timer, copy_tb_s, env) -> int:
                                 "copy_fraction": round(frac, 3)})
                 line.append(f"{ns}:{t:.1f}")
             print(f"  tile {tile_n:>3} w{num_warps} s{num_stages} {case.name:<16} " + " ".join(line))
-            del layers
+        del layers
     resources = resource_report(kernel)
     for r in resources:
         print(f"  resources: {r}")
