@@ -302,3 +302,60 @@ def test_the_slot_count_is_the_kernels_own_constant():
     assert f"\nRESIDENT_PROGRAMS = {report.kernel_constant('RESIDENT_PROGRAMS')}\n" in source
     with pytest.raises(report.ResultsError, match="no integer constant NOT_A_CONSTANT"):
         report.kernel_constant("NOT_A_CONSTANT")
+
+
+def _fp8_row(shape: str, of: str, kind: str, batch: int, time_us: float, bf16_us: float,
+             step: tuple[float, float] | None) -> dict:
+    """An fp8 row as bench.main writes it; `step` = (fp8, bf16) µs per decode step, under the flush only."""
+    kv_bytes = 2 * batch * 4096 * 8 * 128
+    row = {
+        "shape": shape, "of": of, "kind": kind, "batch": batch, "context_len": 4096, "q_heads": 32,
+        "kv_heads": 8, "dtype": "bfloat16", "kv_dtype": "float8_e4m3fn", "v_layout": "token", "k_scale": 0.01,
+        "v_scale": 0.02, "kernel": "cuda", "tile_n": 32, "num_warps": 16, "num_stages": 1, "kv_bytes": kv_bytes,
+        "floor_us": 10.0, "time_us": time_us, "layers": 1, "rerun_spread": 0.001,
+        "tb_s": round(kv_bytes / time_us / 1e6, 3), "copy_fraction": 0.9, "bf16_time_us": bf16_us,
+        "speedup_vs_bf16": round(bf16_us / time_us, 3), "triton_time_us": 99.0,
+        "triton_speedup_vs_bf16": round(bf16_us / 99.0, 3), "rel_err": 0.003, "quant_rel_err": 0.037,
+        "bf16_rel_err": 0.002,
+    }
+    if step is not None:
+        row.update({"step_layers": 8, "step_time_us": step[0], "step_bf16_time_us": step[1],
+                    "step_speedup_vs_bf16": round(step[1] / step[0], 3)})
+    return row
+
+
+def test_fp8_rows_timed_per_step_print_and_render_both_timers(results):
+    """Rows timed under the flush carry a per-step reading too: the printout, the target lines, the
+    page's table and the summary sentence show both; rows without it show the flush columns alone."""
+    stepped = [_fp8_row("b32-l4k-fp8", "b32-l4k", "shapes", 32, 82.2, 140.3, (70.8, 128.8)),
+               _fp8_row("ragged-one-long-fp8", "ragged-one-long", "ragged", 64, 102.0, 176.8, (91.6, 164.5)),
+               _fp8_row("b1-l4k-fp8", "b1-l4k", "shapes", 1, 17.2, 16.9, (12.7, 11.9))]
+    entry = {**_entry("GPU Alpha", "2030-01-02", 4.25, "cudnn", []), "fp8_rows": stepped}
+
+    printed = bench.format_all(entry).splitlines()
+    assert printed[0] == bench.FP8_HEADER + bench.FP8_STEP_HEADER
+    assert printed[1].split()[-3:] == ["70.8", "128.8", "1.819"]
+    targets = bench.target_lines(entry)
+    step_lines = [t for t in targets if " step_speedup_vs_bf16 " in t]
+    assert [t.split()[0] for t in step_lines] == [r["shape"] for r in stepped]
+    assert step_lines[0].endswith("pass") and step_lines[1].endswith("FAIL")  # 1.795 < 1.8
+    assert step_lines[2].endswith("(no target)")  # B = 1
+    assert targets[-1] == "targets missed: 3"  # flush: 1.707 and 1.733; per step: 1.795
+
+    results({"GPU Alpha": entry})
+    md = report.paged_attention_fp8_table(gpu="GPU Alpha")
+    assert "| Per step (µs) | bf16 per step (µs) | Speedup per step |" in md and "8 copies" in md
+    for r in stepped:
+        line = next(x for x in md.splitlines() if x.startswith(f"| `{r['shape']}` |"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[7:11] == [f"{r['speedup_vs_bf16']:.2f}×", f"{r['step_time_us']:,.1f}",
+                               f"{r['step_bf16_time_us']:,.1f}", f"{r['step_speedup_vs_bf16']:.2f}×"]
+    summary = report.paged_attention_fp8_summary(gpu="GPU Alpha")
+    assert "1.71–1.73× as fast as bf16 (1.80–1.82× timed as one layer of a decode step) on 2 batches" in summary
+
+    plain = [{k: v for k, v in r.items() if not k.startswith("step_")} for r in stepped]
+    results({"GPU Alpha": {**entry, "fp8_rows": plain}})
+    assert "Per step" not in report.paged_attention_fp8_table(gpu="GPU Alpha")
+    assert "decode step" not in report.paged_attention_fp8_summary(gpu="GPU Alpha")
+    assert not any(" step_speedup_vs_bf16 " in t for t in bench.target_lines({"fp8_rows": plain}))
+    assert bench.format_all({"fp8_rows": plain}).splitlines()[0] == bench.FP8_HEADER
