@@ -8,6 +8,7 @@ fp16, up to 32k tokens, and compare with PyTorch's SDPA.
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 
@@ -31,6 +32,7 @@ from labs.paged_attention.kernel import (  # noqa: E402
     choose_num_splits,
     chunked_plan,
     flat_plan,
+    fold_groups,
     paged_decode,
     plan_splits,
     split_reduce_kernel,
@@ -308,7 +310,7 @@ def test_reduction_gives_empty_splits_zero_weight_even_over_nan():
     out = torch.empty(1, heads, d, device=DEVICE)
     split_reduce_kernel[(1, heads)](part, lse, out, seq_lens, 1, 4, 4, 64, 0, 0, 0, out.stride(0), out.stride(1),
                                     HEAD_DIM=d, D_PAD=d, B_PAD=1, TILE_N=16, S_CHUNK=2, S_SMALL=2, CHUNKED=False,
-                                    RANK_MAX=0, FLAT=False, USE_GDC=False)
+                                    RANK_MAX=0, FLAT=False, FOLD=0, USE_GDC=False)
     w = torch.exp2(lse[[0, 2], 0] - 1.0)
     expected = (w[0] * part[0] + w[1] * part[2]) / w.sum()
     torch.testing.assert_close(out[0], expected)
@@ -435,7 +437,7 @@ def test_reduction_follows_the_chunked_plan(rank_max):
     split_reduce_kernel[(len(lens), heads)](
         part, lse, out, seq_lens, len(lens), targets[0], targets[1], cap, 0, 0, 0, out.stride(0), out.stride(1),
         HEAD_DIM=d, D_PAD=d, B_PAD=8, TILE_N=tile, S_CHUNK=4, S_SMALL=2, CHUNKED=True, RANK_MAX=rank_max,
-        FLAT=False, USE_GDC=False)
+        FLAT=False, FOLD=0, USE_GDC=False)
     for seq in range(len(lens)):
         rows = [k for k, (s, _, _) in enumerate(items) if s == seq]
         if len(rows) == 1:
@@ -446,18 +448,27 @@ def test_reduction_follows_the_chunked_plan(rank_max):
         torch.testing.assert_close(out[seq], expected, msg=f"sequence {seq}, rows {rows}")
 
 
-@pytest.mark.parametrize("lens, programs, min_units, weight", [
-    ([300, 16, 0, 130, 300, 47], 5, 2, 0),
-    ([300, 16, 0, 130, 300, 47], 7, 1, 2),
-    ([4096] * 3, 7, 2, 1),
-    ([1, 1, 1, 1, 2000], 4, 3, 1),
-    ([64, 64, 64, 64, 64, 65], 16, 1, 3),
-    ([40] * 3, 7, 1, 2),  # equal and short: 2 tiles each caps the target's 3 splits
-    ([0] * 3, 5, 2, 2),  # equal and empty: one split each, written by the kernel
+@pytest.mark.parametrize("lens, programs, min_units, weight, fold", [
+    ([300, 16, 0, 130, 300, 47], 5, 2, 0, 0),
+    ([300, 16, 0, 130, 300, 47], 7, 1, 2, 0),
+    ([4096] * 3, 7, 2, 1, 0),
+    ([1, 1, 1, 1, 2000], 4, 3, 1, 0),
+    ([64, 64, 64, 64, 64, 65], 16, 1, 3, 0),
+    ([40] * 3, 7, 1, 2, 0),  # equal and short: 2 tiles each caps the target's 3 splits
+    ([0] * 3, 5, 2, 2, 0),  # equal and empty: one split each, written by the kernel
+    # The fold: 12 pieces of the long sequence in groups of 4, 6, 3 (the last group short),
+    # the 700-token one's 3 in groups of 2 and 1 at fold 2; equal lengths never fold.
+    ([3000, 40, 0, 700, 50], 16, 1, 2, 3),
+    ([3000, 40, 0, 700, 50], 16, 1, 2, 2),
+    ([3000, 40, 0, 700, 50], 16, 1, 2, 5),
+    ([3000, 40, 0, 700, 50], 16, 1, 2, 16),  # nothing past the fold: as without one
+    ([4096] * 3, 7, 2, 1, 2),
 ])
-def test_reduction_follows_the_flat_plan(lens, programs, min_units, weight):
+def test_reduction_follows_the_flat_plan(lens, programs, min_units, weight, fold):
     """split_reduce_kernel with FLAT finds each sequence's pieces in the rows flat_plan gives
-    them (the CUDA kernel writes them there); a sequence in one piece is the kernel's."""
+    them (the CUDA kernel writes them there); a sequence in one piece is the kernel's. With
+    FOLD it reads only each group's first row, where the kernel combined the group
+    (fold_groups; simulated here, every other member's row set to NaN)."""
     if DEVICE == "cpu":
         from labs.paged_attention.interpreter_compat import patch_interpreter_index
 
@@ -472,22 +483,62 @@ def test_reduction_follows_the_flat_plan(lens, programs, min_units, weight):
     assert len(set(split)) == len(split), "a row per piece of a split sequence (whole ones are written directly)"
     n_rows = max(row for row, _, _, _ in pieces) + 1
     gen = torch.Generator().manual_seed(3)
-    part = torch.randn(n_rows, heads, d, generator=gen).to(DEVICE)
-    lse = (4 * torch.rand(n_rows, heads, generator=gen)).to(DEVICE)
+    part = torch.randn(n_rows, heads, d, generator=gen)
+    lse = 4 * torch.rand(n_rows, heads, generator=gen)
+    expected = {}
+    for seq in range(len(lens)):
+        mine = [row for row, s, _, _ in pieces if s == seq]
+        w = torch.exp2(lse[mine] - lse[mine].max(dim=0).values)
+        expected[seq] = (mine, (w[:, :, None] * part[mine]).sum(0) / w.sum(0)[:, None])
+    groups = fold_groups(lens, pieces, fold)
+    folded = sum(len(g) > 1 for gs in groups.values() for g in gs)
+    if fold in (2, 3, 5) and len(set(lens)) > 1:
+        assert folded, "the case folds something"
+    for gs in groups.values():
+        for rows in (g for g in gs if len(g) > 1):  # the kernel's combine, in log2 units
+            m = lse[rows].max(dim=0).values
+            w = torch.exp2(lse[rows] - m)
+            part[rows[0]] = (w[:, :, None] * part[rows]).sum(0) / w.sum(0)[:, None]
+            lse[rows[0]] = m + torch.log2(w.sum(0))
+            part[rows[1:]] = float("nan")
+            lse[rows[1:]] = float("nan")
+    part, lse = part.to(DEVICE), lse.to(DEVICE)
     out = torch.full((len(lens), heads, d), 123.0, device=DEVICE)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     split_reduce_kernel[(len(lens), heads)](
         part, lse, out, seq_lens, len(lens), targets[0], targets[1], cap, programs, min_units, weight,
         out.stride(0), out.stride(1), HEAD_DIM=d, D_PAD=d, B_PAD=8, TILE_N=tile, S_CHUNK=2, S_SMALL=2,
-        CHUNKED=False, RANK_MAX=0, FLAT=True, USE_GDC=False)
-    for seq in range(len(lens)):
-        mine = [row for row, s, _, _ in pieces if s == seq]
+        CHUNKED=False, RANK_MAX=0, FLAT=True, FOLD=fold, USE_GDC=False)
+    for seq, (mine, want) in expected.items():
         if len(mine) == 1:
             assert (out[seq] == 123.0).all(), f"sequence {seq} is one piece: the kernel writes it"
             continue
-        w = torch.exp2(lse[mine] - lse[mine].max(dim=0).values)
-        expected = (w[:, :, None] * part[mine]).sum(0) / w.sum(0)[:, None]
-        torch.testing.assert_close(out[seq], expected, msg=f"sequence {seq}, rows {mine}")
+        torch.testing.assert_close(out[seq].cpu(), want, msg=f"sequence {seq}, rows {mine}")
+
+
+@pytest.mark.parametrize("fold", [0, 2, 3, 4, 32])
+def test_fold_groups_cover_every_piece_once(fold):
+    """Over random flat plans: every piece of a sequence in exactly one group, groups of
+    consecutive pieces in launch order, ceil(n / fold) to a group where n > fold (the last
+    group shorter), so at most `fold` groups; equal lengths and short sequences unfolded."""
+    rng = random.Random(fold)
+    for _ in range(200):
+        batch = rng.randint(1, 12)
+        lens = [rng.choice([0, rng.randint(1, 64), rng.randint(1, 5000)]) for _ in range(batch)]
+        if rng.random() < 0.1:
+            lens = [lens[0]] * batch
+        programs = rng.randint(1, 40)
+        pieces = flat_plan(lens, (programs, programs), 32, 64, programs, rng.randint(1, 3), rng.randint(0, 3))
+        groups = fold_groups(lens, pieces, fold)
+        for seq in set(s for _, s, _, _ in pieces):
+            rows = [row for row, s, _, _ in pieces if s == seq]
+            assert [r for g in groups[seq] for r in g] == rows, "every piece once, in order"
+            n, g = len(rows), len(groups[seq][0])
+            if fold and n > fold and len(set(lens)) > 1:
+                assert g == -(-n // fold) and len(groups[seq]) <= fold
+                assert all(len(x) == g for x in groups[seq][:-1]) and 1 <= len(groups[seq][-1]) <= g
+            else:
+                assert all(len(x) == 1 for x in groups[seq])
 
 
 def test_split_targets_need_no_lengths():

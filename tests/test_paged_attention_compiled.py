@@ -53,3 +53,18 @@ def test_cli_refuses_to_compile_under_the_interpreter():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "unset TRITON_INTERPRET" in done.stderr
+
+
+def test_the_reduction_compiles_in_every_plan_the_launcher_asks_for():
+    """The flat plan with and without the fold, and the chunked plan. Under the interpreter the
+    reduction runs as Python, where an expression Triton cannot compile still runs."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT)
+    code = ("from labs.paged_attention import compiled, kernel\n"
+            "for flat, fold in ((True, 0), (True, kernel.REDUCE_CHUNK_CUDA_FP8), (True, 3), (False, 0)):\n"
+            "    ptx = compiled.reduction_ptx(flat=flat, fold=fold)\n"
+            "    assert '.entry split_reduce_kernel' in ptx and 'st.global' in ptx, (flat, fold)\n"
+            "print('compiled')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "compiled", done.stderr[-3000:]

@@ -18,8 +18,8 @@ from conftest import require_or_skip
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from labs.paged_attention import fp8_decode, nvrtc  # noqa: E402
-from labs.paged_attention.kernel import FP8_DTYPE, MAX_SPLITS, paged_decode  # noqa: E402
+from labs.paged_attention import fp8_decode, kernel, nvrtc  # noqa: E402
+from labs.paged_attention.kernel import FP8_DTYPE, MAX_SPLITS, REDUCE_CHUNK_CUDA_FP8, paged_decode  # noqa: E402
 from labs.paged_attention.workload import make_problem  # noqa: E402
 from test_paged_attention import (  # noqa: E402  (the bounds and checks the Triton kernel's tests use)
     TOLERANCES,
@@ -41,9 +41,10 @@ def nvrtc_available():
     require_or_skip(HAVE_NVRTC, "NVRTC", "it comes with PyTorch's CUDA wheels (nvidia-cuda-nvrtc)")
 
 # The specialisations the launcher asks for: block size x split (the chunked plan, or the flat
-# one) x query dtype for an 8-head pool, and every other program width (KV heads per program)
-# with 16-token blocks.
-SPLITS = ("direct", "split", "flat")
+# one, with or without the fold) x query dtype for an 8-head pool, and every other program width
+# (KV heads per program) with 16-token blocks.
+SPLITS = ("direct", "split", "flat", "fold")
+FOLD = REDUCE_CHUNK_CUDA_FP8  # the fold that leaves the reduction one step
 VARIANTS = [(b, s, q, fp8_decode.HEADS_MAX) for b, s, q in itertools.product((1, 8, 16, 32), SPLITS, (False, True))]
 VARIANTS += [(16, s, True, h) for h in (1, 2, 4) for s in SPLITS]
 
@@ -52,7 +53,8 @@ VARIANTS += [(16, s, True, h) for h in (1, 2, 4) for s in SPLITS]
                          ids=[f"bs{b}-{s}-{'bf16' if q else 'fp16'}-h{h}" for b, s, q, h in VARIANTS])
 def test_every_specialisation_compiles_within_its_register_budget(nvrtc_available, block_size, split, q_bf16, heads):
     cubin, log = fp8_decode.compile_variant(90, block_size, heads * 128, split != "direct", q_bf16, heads,
-                                            verbose=True, flat=split == "flat")
+                                            verbose=True, flat=split in ("flat", "fold"),
+                                            fold=FOLD if split == "fold" else 0)
     report = nvrtc.ptxas_report(log)
     threads = heads * fp8_decode.WARPS_PER_HEAD * 32
     budget = 65536 // (threads * fp8_decode.programs_per_sm(heads))
@@ -88,6 +90,17 @@ def test_backend_names_are_checked():
     plain = make_problem([5], 4, 2, 32, 16, torch.float16, "cpu")
     with pytest.raises(ValueError, match="serves an fp8 cache only"):
         paged_decode(plain.q, plain.k_cache, plain.v_cache, plain.block_tables, plain.seq_lens, backend="cuda")
+
+
+def test_the_fold_is_the_cuda_kernels_and_its_arguments_are_checked():
+    problem = _problem([5, 9], 4, dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"fold must be 0 \(never\) or in \[2, 1024\], got 1"):
+        _run(problem, fold=1)
+    with pytest.raises(ValueError, match="fold applies to the CUDA fp8 kernel"):
+        _run(problem, fold=FOLD)  # on the CPU the Triton kernel runs, under the interpreter
+    with pytest.raises(ValueError, match="fold_counts is read only by the CUDA kernel's fold"):
+        _run(problem, fold_counts=torch.zeros(8, dtype=torch.int32))
+    _run(problem, fold=0)  # never folding is every kernel's way
 
 
 # ----------------------------------------------------------------------------------
@@ -215,3 +228,56 @@ def test_gpu_auto_backend_picks_cuda_where_it_applies(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_cuda_fp8_graph_replay_with_new_lengths():
     _replay_with_new_lengths(FP8_DTYPE, backend="cuda")
+
+
+def _flat_pieces(problem) -> tuple[list[int], int]:
+    """(pieces per sequence, programs) of the flat plan a default CUDA launch makes for problem."""
+    num_kv_heads, sms = problem.k_cache.shape[2], kernel.sm_count(problem.q.device.index)
+    config = kernel.default_config(True, "cuda")
+    targets, cap = kernel.launch_targets(len(problem.lens), num_kv_heads, sms, config, "cuda")
+    programs = kernel.flat_plan_programs(num_kv_heads, sms, config)
+    flat = (programs, config.flat_min_units, config.flat_weight)
+    return kernel.splits_per_sequence(problem.lens, targets, config.tile_n, cap, config.chunked, flat), programs
+
+
+FOLD_CASES = [(8, 4), (8, 8), (4, 1), (1, 4), (32, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("kv_heads", "group"), FOLD_CASES, ids=[f"hkv{h}-g{g}" for h, g in FOLD_CASES])
+def test_gpu_cuda_fp8_long_sequence_folded_in_groups(kv_heads, group):
+    """A 100K-token sequence among 15 short ones, cut into more than FOLD pieces (fewer at 32 KV
+    heads, whose wider programs leave it unfolded): eager, then replayed from one graph with
+    other lengths, equal ones between; the device's counts are zeros again after each launch.
+    Then with a caller's own counts, and a tensor too short for the launch is refused."""
+    rng = random.Random(kv_heads * 10 + group)
+    lens = [100_000] + [rng.randint(1, 3000) for _ in range(15)]
+    problem = make_problem(lens, kv_heads * group, kv_heads, 128, 16, torch.bfloat16, "cuda",
+                           kv_dtype=FP8_DTYPE, seed=kv_heads + group)
+    pieces, programs = _flat_pieces(problem)
+    if kv_heads != 32:  # 33 programs per head group at 32 heads on an H200: the control case
+        assert pieces[0] > FOLD, pieces
+    _check(problem, "eager", fold=FOLD)
+    counts = kernel._FOLD_COUNTS[problem.q.device]
+
+    kwargs = {**problem.kernel_kwargs(), "backend": "cuda", "fold": FOLD}
+    call = lambda: paged_decode(problem.q, problem.k_cache, problem.v_cache,  # noqa: E731
+                                problem.block_tables, problem.seq_lens, **kwargs)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    for new in (lens, [3000] * 16, [99_983] + [rng.randint(0, 3000) for _ in range(15)], lens[::-1]):
+        problem.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        problem.lens[:] = new
+        out.fill_(float("nan"))  # every element must be written again by the replay
+        graph.replay()
+        assert_matches(out, reference(problem), torch.bfloat16, f"replay with lens={new[:3]}...")
+        torch.cuda.synchronize()
+        assert int(counts.abs().sum()) == 0, "a launch left counts behind"
+
+    needed = fp8_decode.fold_counts_needed(kv_heads, programs)
+    own = torch.zeros(needed, dtype=torch.int32, device="cuda")
+    _check(problem, "own counts", fold=FOLD, fold_counts=own)
+    assert int(own.abs().sum()) == 0
+    with pytest.raises(ValueError, match=f"fold_counts must be a contiguous 1-D int32 tensor of at least {needed}"):
+        _run(problem, backend="cuda", fold=FOLD, fold_counts=own[:-1])

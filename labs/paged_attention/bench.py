@@ -248,6 +248,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="force this mean split count per sequence (1: no split-K; at most 128)")
     p.add_argument("--ragged-waves", type=cli.finite_float(0.0, 64.0, lo_open=True),
                    help="waves of programs the plan aims for when lengths differ, in (0, 64]; default: kernel's")
+    p.add_argument("--fold", type=cli.bounded_int(0, 1024),
+                   help="CUDA fp8 kernel: fold a sequence of more than this many pieces inside the decode kernel "
+                   "(0 never, else 2..1024); default: kernel's")
     p.add_argument("--no-pdl", action="store_true", help="launch the reduction without programmatic dependent launch")
     # Bounded: a sweep times ~100 configurations per case, each for this long.
     p.add_argument("--rep-ms", type=cli.bounded_int(1, 10_000), default=100,
@@ -263,11 +266,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="only run the kernel 3 times per case, no checks or timing (for ncu)")
     args = p.parse_args(argv)
+    if args.fold == 1:
+        cli.reject(p, "--fold", "a group of one piece folds nothing: give 0 (never) or 2..1024")
     if args.record and args.sweep:
         p.error("--record writes the default configuration's rows; run it without --sweep")
     if args.record:
         variant = [f"--{n.replace('_', '-')}" for n in ("tile_n", "num_warps", "num_stages", "programs_per_sm",
-                                                         "num_splits", "ragged_waves", "no_pdl")
+                                                         "num_splits", "ragged_waves", "fold", "no_pdl")
                    if getattr(args, n) not in (None, False)]
         if args.timer != TIMERS[0]:
             variant.append(f"--timer {args.timer}")
@@ -508,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         p, used = case.problem, used or kernel_of(case)
         if layer is not None:
             p = dataclasses.replace(p, q=layer[0], k_cache=layer[1], v_cache=layer[2])
-        named = {} if used == "cuda" else config(case, used)
+        named = {"fold": args.fold} if used == "cuda" else config(case, used)
         kw = {**knobs, **named, "num_splits": args.num_splits, "backend": used}
         return lambda: kernel.paged_decode(
             p.q, p.k_cache, p.v_cache, p.block_tables, p.seq_lens, max_seq_len=p.max_seq_len,

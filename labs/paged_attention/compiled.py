@@ -93,6 +93,33 @@ def decode_kernel_ptx(*, fp8: bool = True, split: bool = False, arch: int = 90, 
     return compiled.asm["ptx"]
 
 
+def reduction_ptx(*, flat: bool, fold: int = 0, arch: int = 90) -> str:
+    """PTX of `split_reduce_kernel` as the launcher configures it behind the CUDA fp8 kernel at
+    batch 64 (one warp, the batched chunks, programmatic dependent launch): the flat plan,
+    with `fold` (0: none), or the chunked plan a forced split count takes. The interpreter
+    runs the reduction as Python, so only a real compile checks that its code compiles."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("TRITON_INTERPRET=1 is set: the interpreter's kernels cannot be compiled")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from labs.paged_attention import fp8_decode, kernel
+
+    fn = kernel.split_reduce_kernel
+    config = kernel.default_config(True, "cuda")
+    pointers = {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "seq_lens_ptr": "*i32"}
+    signature = {name: pointers.get(name, "constexpr" if name.isupper() else "i32") for name in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in pointers}
+    constants = dict(HEAD_DIM=128, D_PAD=128, B_PAD=64, TILE_N=config.tile_n, S_CHUNK=config.reduce_chunk,
+                     S_SMALL=config.reduce_small, CHUNKED=config.chunked, RANK_MAX=fp8_decode.RANK_MAX_BATCH,
+                     FLAT=flat, FOLD=fold, USE_GDC=kernel.gdc_wait is not None)
+    options = {"num_warps": kernel.REDUCE_NUM_WARPS_BATCHED, "num_stages": 2}
+    compiled = triton.compile(ASTSource(fn, signature, constants, attrs), target=GPUTarget("cuda", arch, 32),
+                              options=options)
+    return compiled.asm["ptx"]
+
+
 def count_instructions(ptx: str) -> dict[str, int]:
     """How often each of INSTRUCTIONS' names occurs in the PTX text."""
     return {name: ptx.count(name) for name in INSTRUCTIONS}

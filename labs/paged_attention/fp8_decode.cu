@@ -6,7 +6,8 @@
 // Defined by the compiler's command line: BLOCK_SIZE (tokens per KV block), STRIDE_CT (bytes
 // between a block's tokens: num_kv_heads x 128 for a contiguous pool), SPLIT (0: one
 // program per (sequence, group of KV heads); 1: the split plan), FLAT (with SPLIT: unequal
-// lengths take the flat plan, not the chunked one), Q_BF16 (queries and output
+// lengths take the flat plan, not the chunked one), FOLD (with FLAT: a sequence of more than
+// FOLD pieces is combined in groups as its pieces finish; 0: never), Q_BF16 (queries and output
 // in bf16, else fp16), CHUNK (tokens a warp takes per step: 16 or 32), MIN_BLOCKS (programs
 // per SM the register budget is cut for), TILE (the split plan's unit: every split starts on
 // a multiple of TILE tokens; a multiple of 16), HEADS (KV heads a program serves), WPH (warps
@@ -64,6 +65,10 @@ typedef long long i64;
 #if !defined(HEADS) || !defined(WPH) || !defined(HEAD_DIM) || !defined(GROUP_MAX)
 #error "HEADS, WPH, HEAD_DIM and GROUP_MAX come from fp8_decode.py (defines)"
 #endif
+#if !defined(FOLD)
+#error "FOLD comes from fp8_decode.py (defines)"
+#endif
+static_assert(FOLD == 0 || FOLD >= 2, "a group of one piece per FOLD would fold nothing");
 static_assert(WPH == 1 || WPH == 2, "a head's second warp hands its state to the first through shared memory");
 #define WARPS (HEADS * WPH)
 static_assert(HEAD_DIM == 128, "8 k-steps of 16 dimensions per product, 8 output tiles of 16 dimensions");
@@ -377,6 +382,10 @@ struct FlatRange {
   int p_eff;     // ... programs with work: at most `programs`, at least min_units units each
 };
 
+// The batch's units, U: flat_range writes it once per program, and the fold (below) reads it
+// after the loop, so no register holds it through the loop.
+__shared__ i64 flat_total;
+
 __device__ __forceinline__ i64 flat_units(int len, int weight) {
   return len > 0 ? (len + TILE - 1) / TILE + weight : 1;
 }
@@ -425,6 +434,7 @@ __device__ FlatRange flat_range(const int* __restrict__ seq_lens, int batch, int
     return fr;
   }
   fr.each = 0;
+  if (tid == 0) flat_total = total;  // read after the __syncthreads below
   const i64 wanted = (total + min_units - 1) / min_units;
   fr.programs = programs;
   fr.p_eff = (int)(wanted < programs ? wanted : programs);
@@ -479,6 +489,105 @@ __device__ __forceinline__ bool next_piece(FlatRange& fr, int k, const int* __re
   fr.first = last;
   return true;
 }
+
+#if FOLD
+// The fold (kernel.fold_groups is the same grouping in Python). A sequence cut into n > FOLD
+// pieces left the reduction n rows to combine, FOLD at a time, one dependent step of about
+// 1 us each after the decode grid has ended: 4 steps for the one-long batch's 104 pieces
+// (NOTES.md, v15 and v16). Here its pieces are taken in groups of g = ceil(n / FOLD)
+// consecutive pieces, and the program that finishes a group's last piece combines the
+// group's rows into the row of its first piece, while the other programs still run. The
+// reduction then reads ceil(n / g) <= FOLD rows, in one step. Nothing waits: each program
+// counts itself in, and only the last of a group reads the others' rows.
+//
+// Piece j of the sequence is program p0 + j's; its row is p0 + j for j > 0 (the piece starts
+// that program's range) and the program's own row for j = 0 (p0, or programs + p0 if the
+// sequence began inside p0's range), as next_piece gives them. Rows are unique to a piece,
+// so a group's count is indexed by its first row.
+struct Fold {
+  int members;    // pieces in this piece's group; 0: the sequence is not folded
+  int first_row;  // the row the group's combination goes to: its first piece's
+  int base;       // the program holding that piece; member i > 0 is row base + i
+};
+
+// The fold of the piece this program has just finished: `last` is the sequence's end unit
+// (fr.first after next_piece), len its length; p_eff and programs are fr's.
+__device__ __forceinline__ Fold fold_of(i64 last, int p_eff, int programs, int len, int weight) {
+  const i64 total = flat_total, first = last - flat_units(len, weight);
+  const int p0 = (int)(((first + 1) * p_eff + total - 1) / total - 1);  // as kernel._flat_rows
+  const int n = (int)((last * p_eff + total - 1) / total - 1) - p0 + 1;
+  Fold f{0, 0, 0};
+  if (n <= FOLD) return f;
+  const int g = (n + FOLD - 1) / FOLD, k = ((int)blockIdx.y - p0) / g;
+  f.members = min(g, n - k * g);
+  f.base = p0 + k * g;
+  f.first_row = k > 0 ? f.base : (p0 * total / p_eff == first ? p0 : programs + p0);
+  return f;
+}
+
+// Run by the program whose piece completed its group, after the counter's fence: for each of
+// the program's query heads, one warp combines the group's rows (w_i = exp2(lse_i - max lse),
+// as the reduction weighs them; an empty piece, lse = -inf, weighs 0 and its row is not read)
+// into the first row. The members' rows were written by other SMs, so they are read from L2
+// (ld.cg).
+__device__ __forceinline__ void combine_group(float* __restrict__ part_out, float* __restrict__ part_lse,
+                                              Fold f, int group_size) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int num_q_heads = gridDim.x * HEADS * group_size;
+  for (int h = warp; h < HEADS * group_size; h += WARPS) {
+    const int head = blockIdx.x * HEADS * group_size + h;  // the program's query heads
+    float m = NEG_INF;
+    for (int i = 0; i < f.members; ++i) {
+      m = fmaxf(m, __ldcg(part_lse + (i64)(i ? f.base + i : f.first_row) * num_q_heads + head));
+    }
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float w_sum = 0.f;
+    for (int i = 0; m != NEG_INF && i < f.members; ++i) {
+      const i64 row = (i64)(i ? f.base + i : f.first_row) * num_q_heads + head;
+      const float lse = __ldcg(part_lse + row);
+      if (lse == NEG_INF) continue;
+      const float w = exp2f(lse - m);
+      const float4 x = __ldcg(reinterpret_cast<const float4*>(part_out + row * HEAD_DIM) + lane);
+      acc.x += w * x.x;
+      acc.y += w * x.y;
+      acc.z += w * x.z;
+      acc.w += w * x.w;
+      w_sum += w;
+    }
+    const i64 row = (i64)f.first_row * num_q_heads + head;
+    const float inv = w_sum > 0.f ? 1.f / w_sum : 0.f;
+    reinterpret_cast<float4*>(part_out + row * HEAD_DIM)[lane] =
+        make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    __syncwarp();  // every lane has read the first row's lse before lane 0 replaces it
+    if (lane == 0) part_lse[row] = w_sum > 0.f ? m + __log2f(w_sum) : NEG_INF;
+  }
+}
+
+// After a split piece of an unequal-length batch is stored: count it into its group, and
+// combine the group if it was the last in. Called by the whole program (it holds barriers).
+// A call, not inlined: inlined, every flat variant spilled 12 bytes under the 128-register
+// budget, and calling the combine alone from the loop still spilled 4 (the CPU tests compile
+// every specialisation and refuse spills).
+__device__ __noinline__ void fold_piece(float* __restrict__ part_out, float* __restrict__ part_lse,
+                                        int* __restrict__ fold_counts, i64 last, int p_eff, int programs, int len,
+                                        int weight, int group_size) {
+  const Fold f = fold_of(last, p_eff, programs, len, weight);
+  if (f.members < 2) return;
+  __shared__ int completes;
+  __syncthreads();  // the program's rows are stored ...
+  if (threadIdx.x == 0) {
+    __threadfence();  // ... and visible to the GPU before it counts itself in
+    int* count = fold_counts + (i64)blockIdx.x * 2 * programs + f.first_row;
+    completes = atomicAdd(count, 1) == f.members - 1;
+    if (completes) {
+      *count = 0;  // every member has counted: ready for the next launch
+      __threadfence();  // the other members' rows are read after their counts
+    }
+  }
+  __syncthreads();
+  if (completes) combine_group(part_out, part_lse, f, group_size);
+}
+#endif
 #endif
 #endif
 
@@ -637,6 +746,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_f
     u16* __restrict__ out,                   // (B, Hq, 128), q's dtype
     float* __restrict__ part_out,            // (max_items, Hq, 128) fp32, as kernel.py's
     float* __restrict__ part_lse,            // (max_items, Hq) fp32, log2 units
+    int* __restrict__ fold_counts,           // FOLD: (head groups, 2 x flat_programs) int32, zero between launches
     int batch, int group_size, int target_uniform, int target_ragged, int split_cap, int flat_programs,
     int min_units, int unit_weight, float qk_scale,
     i64 stride_qb, i64 stride_qh, i64 stride_cb, i64 stride_ch, i64 stride_tb, i64 stride_ob,
@@ -780,6 +890,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) paged_decode_f
         if (r == 0) part_lse[row] = l > 0.f ? m + __log2f(l) : NEG_INF;
       }
     }
+#if FLAT && FOLD
+    // Uniform over the program: every warp has the same piece.
+    if (fr.each == 0 && !direct) {
+      fold_piece(part_out, part_lse, fold_counts, fr.first, fr.p_eff, fr.programs, seq_lens[seq], unit_weight,
+                 group_size);
+    }
+#endif
 #if SPLIT
     __syncthreads();  // the next item's lookup reuses find_split's shared slots
 #endif

@@ -109,18 +109,19 @@ def programs_per_sm(heads: int) -> int:
 
 
 def defines(block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int = HEADS_MAX,
-            chunk: int = CHUNK, flat: bool = False) -> tuple[str, ...]:
+            chunk: int = CHUNK, flat: bool = False, fold: int = 0) -> tuple[str, ...]:
+    flat = split and flat
     return (f"-DBLOCK_SIZE={block_size}", f"-DSTRIDE_CT={stride_ct}", f"-DTILE={TILE_N}", f"-DSPLIT={int(split)}",
-            f"-DFLAT={int(split and flat)}",
+            f"-DFLAT={int(flat)}", f"-DFOLD={fold if flat else 0}",
             f"-DQ_BF16={int(q_bf16)}", f"-DCHUNK={chunk}", f"-DMIN_BLOCKS={programs_per_sm(heads)}",
             f"-DHEADS={heads}", f"-DWPH={WARPS_PER_HEAD}", f"-DRANK_MAX={RANK_MAX_BATCH}",
             f"-DHEAD_DIM={HEAD_DIM}", f"-DGROUP_MAX={GROUP_MAX}")
 
 
 def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int = HEADS_MAX,
-                    chunk: int = CHUNK, verbose: bool = False, flat: bool = False) -> tuple[bytes, str]:
+                    chunk: int = CHUNK, verbose: bool = False, flat: bool = False, fold: int = 0) -> tuple[bytes, str]:
     """(cubin, log) of one specialisation; verbose adds ptxas's register and spill report to the log."""
-    options = defines(block_size, stride_ct, split, q_bf16, heads, chunk, flat)
+    options = defines(block_size, stride_ct, split, q_bf16, heads, chunk, flat, fold)
     if verbose:
         options += ("--ptxas-options=-v",)
     return nvrtc.compile_cubin(SOURCE.read_text(), SOURCE.name, arch, options)
@@ -128,27 +129,39 @@ def compile_variant(arch: int, block_size: int, stride_ct: int, split: bool, q_b
 
 @functools.lru_cache(maxsize=None)
 def _kernel(device_index: int, block_size: int, stride_ct: int, split: bool, q_bf16: bool, heads: int,
-            flat: bool = False) -> nvrtc.Kernel:
+            flat: bool = False, fold: int = 0) -> nvrtc.Kernel:
     major, minor = torch.cuda.get_device_capability(device_index)  # has_e4m3_cvt: unsupported_reason checked
     with torch.cuda.device(device_index):
-        cubin, _ = compile_variant(major * 10 + minor, block_size, stride_ct, split, q_bf16, heads, flat=flat)
+        cubin, _ = compile_variant(major * 10 + minor, block_size, stride_ct, split, q_bf16, heads, flat=flat,
+                                   fold=fold)
         return nvrtc.Kernel(cubin, "paged_decode_fp8")
 
 
-def launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, part_out, part_lse, *,
+def fold_counts_needed(num_kv_heads: int, flat_programs: int) -> int:
+    """int32 counts a launch with the fold reads: one per row of the flat plan (2 per program)
+    for each group of KV heads."""
+    return num_kv_heads // heads_per_program(num_kv_heads) * 2 * flat_programs
+
+
+def launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, part_out, part_lse, fold_counts, *,
            items: int, group_size: int, targets: tuple[int, int], split_cap: int, qk_scale: float,
-           split: bool, flat: bool = False, flat_programs: int = 0, min_units: int = 1, unit_weight: int = 0) -> None:
+           split: bool, flat: bool = False, flat_programs: int = 0, min_units: int = 1, unit_weight: int = 0,
+           fold: int = 0) -> None:
     """One launch over the grid (head groups, items); kernel.paged_decode has checked the inputs.
-    With flat, unequal lengths follow kernel.flat_plan over flat_programs of the items."""
+    With flat, unequal lengths follow kernel.flat_plan over flat_programs of the items; with
+    fold > 0 too, a sequence of more than `fold` pieces is combined in groups as its pieces
+    finish (kernel.fold_groups), counted in fold_counts: zeros, fold_counts_needed of them,
+    and zeros again when the launch ends. Without the fold, fold_counts is not read."""
     num_kv_heads = k_cache.shape[2]
     heads = heads_per_program(num_kv_heads)
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    fold = fold if flat and split else 0
     fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16, heads,
-                 flat and split)
+                 flat and split, fold)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731
     i64 = ctypes.c_longlong
     args = [ptr(q), ptr(k_cache), ptr(v_cache), ptr(block_tables), ptr(seq_lens), ptr(k_scale), ptr(v_scale),
-            ptr(out), ptr(part_out), ptr(part_lse),
+            ptr(out), ptr(part_out), ptr(part_lse), ptr(fold_counts if fold else part_lse),
             ctypes.c_int(q.shape[0]), ctypes.c_int(group_size), ctypes.c_int(targets[0]), ctypes.c_int(targets[1]),
             ctypes.c_int(split_cap), ctypes.c_int(flat_programs), ctypes.c_int(min_units), ctypes.c_int(unit_weight), ctypes.c_float(qk_scale),
             i64(q.stride(0)), i64(q.stride(1)),

@@ -354,11 +354,12 @@ def paged_decode_kernel(
 
 # --8<-- [start:reduce]
 @triton.jit
-def _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, head, num_heads,
+def _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, stride, head, num_heads,
                     HEAD_DIM: tl.constexpr, D_PAD: tl.constexpr, S_CHUNK: tl.constexpr):
     """(sum_s w_s * part_s, sum_s w_s) over the n_seq splits of one query head, S_CHUNK per
     step, with w_s = exp2(lse_s - max lse) kept relative to a running max. Split s < n_first
-    is row first + s; a split past them (the chunked plan's remainder) is row last_row."""
+    is row first + s * stride (stride > 1: the groups the CUDA kernel folded); a split past
+    them (the chunked plan's remainder, the flat plan's first piece) is row last_row."""
     offs_s = tl.arange(0, S_CHUNK)
     offs_d = tl.arange(0, D_PAD)
     m = tl.full([1], float("-inf"), dtype=tl.float32)
@@ -366,7 +367,7 @@ def _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq,
     acc = tl.zeros([D_PAD], dtype=tl.float32)
     for s0 in range(0, n_seq, S_CHUNK):
         valid = s0 + offs_s < n_seq
-        rows = tl.where(s0 + offs_s < n_first, first + s0 + offs_s, last_row) * num_heads + head
+        rows = tl.where(s0 + offs_s < n_first, first + (s0 + offs_s) * stride, last_row) * num_heads + head
         # Both loads are issued at once: the partials' mask does not wait for the lse.
         lse = tl.load(part_lse_ptr + rows, mask=valid, other=float("-inf"))
         part = tl.load(
@@ -409,14 +410,16 @@ def _plan_rows(seq_lens_ptr, seq, batch, target_uniform, target_ragged, split_ca
 
 @triton.jit
 def _flat_rows(seq_lens_ptr, seq, batch, target_uniform, split_cap, programs, min_units, weight,
-               B_PAD: tl.constexpr, TILE_N: tl.constexpr):
-    """(n_seq, first, n_first, last_row) of sequence seq under the CUDA kernel's flat plan
-    (flat_plan), from one pass over the lengths. Equal lengths: the proportional closed form,
-    every sequence the same count of splits, as _split_plan gives it. Unequal: sequence seq
-    holds units [first_unit, end_unit) of the batch's U; program p of p_eff holds
+               B_PAD: tl.constexpr, TILE_N: tl.constexpr, FOLD: tl.constexpr):
+    """(n_seq, first, n_first, last_row, stride) of sequence seq under the CUDA kernel's flat
+    plan (flat_plan), from one pass over the lengths. Equal lengths: the proportional closed
+    form, every sequence the same count of splits, as _split_plan gives it. Unequal: sequence
+    seq holds units [first_unit, end_unit) of the batch's U; program p of p_eff holds
     [p U / p_eff, (p+1) U / p_eff). Programs p0 .. p1 hold a piece of it each: rows
     p0 + 1 .. p1 (the piece that starts each of them), and p0's own row, which is p0 if the
     sequence starts p0's range and programs + p0 (p0's last piece) if it starts inside it.
+    With FOLD, a sequence of n > FOLD pieces was folded by the decode kernel in groups of
+    g = ceil(n / FOLD) (fold_groups): its rows are then p0's own and p0 + g, p0 + 2g, ...
 
     Every one of the B x Hq reduction programs runs this, most only to find one piece and
     exit, so its cost grows as B squared. Run after _split_plan, as it was, it took 13.9 us
@@ -449,7 +452,15 @@ def _flat_rows(seq_lens_ptr, seq, batch, target_uniform, split_cap, programs, mi
         first = (p0 + 1).to(tl.int32)
         n_first = n_seq - 1
         last_row = own.to(tl.int32)
-    return n_seq, first, n_first, last_row
+    if FOLD > 0:
+        g = tl.where((longest != shortest) & (n_seq > FOLD), (n_seq + FOLD - 1) // FOLD, 1)
+        first = first - 1 + g  # the group after p0's: unchanged where g = 1
+        n_seq = (n_seq + g - 1) // g
+        n_first = tl.where(g > 1, n_seq - 1, n_first)
+        stride = g
+    else:
+        stride = 1
+    return n_seq, first, n_first, last_row, stride
 
 
 @triton.jit
@@ -480,6 +491,7 @@ def split_reduce_kernel(
     CHUNKED: tl.constexpr,  # unequal lengths follow chunked_plan (the CUDA kernel's), not _split_plan
     RANK_MAX: tl.constexpr,  # chunked_plan's rank_max
     FLAT: tl.constexpr,  # unequal lengths follow flat_plan (the CUDA kernel's)
+    FOLD: tl.constexpr,  # FLAT: ... and the CUDA kernel folded longer sequences (fold_groups); 0: not
     USE_GDC: tl.constexpr,
 ):
     """out = sum_s w_s * part_s / sum_s w_s, with w_s = exp2(lse_s - max_s lse_s).
@@ -495,21 +507,23 @@ def split_reduce_kernel(
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
     if FLAT:
-        n_seq, first, n_first, last_row = _flat_rows(seq_lens_ptr, seq, batch, target_uniform, split_cap,
-                                                     flat_programs, flat_min_units, flat_weight, B_PAD, TILE_N)
+        n_seq, first, n_first, last_row, stride = _flat_rows(seq_lens_ptr, seq, batch, target_uniform, split_cap,
+                                                             flat_programs, flat_min_units, flat_weight, B_PAD,
+                                                             TILE_N, FOLD)
     else:
         n_seq, first, n_first, last_row = _plan_rows(seq_lens_ptr, seq, batch, target_uniform, target_ragged,
                                                      split_cap, B_PAD, TILE_N, CHUNKED, RANK_MAX)
+        stride = 1
     if n_seq == 1:
         return
     if USE_GDC:
         gdc_wait()  # the decode kernel's partials are complete and visible after this
 
     if n_seq <= S_SMALL:
-        acc, w_sum = _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, head,
+        acc, w_sum = _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, stride, head,
                                      num_heads, HEAD_DIM, D_PAD, S_SMALL)
     else:
-        acc, w_sum = _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, head,
+        acc, w_sum = _combine_splits(part_out_ptr, part_lse_ptr, first, n_first, last_row, n_seq, stride, head,
                                      num_heads, HEAD_DIM, D_PAD, S_CHUNK)
     offs_d = tl.arange(0, D_PAD)
     tl.store(
@@ -614,6 +628,18 @@ REDUCE_NUM_WARPS_BATCHED = 1
 # Each Config holds its kernel's chunks.
 REDUCE_CHUNK_CUDA_FP8 = 32
 REDUCE_SMALL_CUDA_FP8 = 4
+# The one-long batch's 104 pieces still take 4 of those steps after the decode grid, about
+# 1 us each, on that batch's critical path (NOTES.md, v15, v16 and v19). With a fold of
+# REDUCE_CHUNK_CUDA_FP8, the decode kernel combines a longer sequence's pieces in groups as
+# they finish, and the reduction takes one step (fp8_decode.cu, fold_piece). Built and
+# checked on the CPU (the grouping, the reduction over it, every specialisation compiled
+# without spills), not yet timed: off until a GPU has run its tests and the bench with
+# `--fold 32` (NOTES.md, v20).
+CUDA_FP8_FOLD = 0
+FOLD_MAX = 1024
+# Counts the device's fold tensor holds at least (16 KiB): a launch needs 2 per program of the
+# flat plan's wave, at most 16 per SM (8 one-head programs), so any pool on up to 256 SMs.
+FOLD_COUNTS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -633,6 +659,7 @@ class Config:
     flat_waves: int = 1  # ... over this many programs per SM slot
     flat_min_units: int = 2  # ... of at least this many units each
     flat_weight: int = 0  # ... where a sequence is this many units more than its tiles
+    fold: int = 0  # ... and a sequence of more than this many pieces is folded in the decode kernel (0: never)
 
 
 BF16_CONFIG = Config(DEFAULT_TILE_N, DEFAULT_NUM_WARPS, DEFAULT_NUM_STAGES, RESIDENT_PROGRAMS, SPLIT_CAP,
@@ -649,7 +676,8 @@ CUDA_FP8_CONFIG = Config(fp8_decode.TILE_N, fp8_decode.HEADS_MAX * fp8_decode.WA
                          fp8_decode.programs_per_sm(fp8_decode.HEADS_MAX),
                          CUDA_FP8_SPLIT_CAP, REDUCE_CHUNK_CUDA_FP8, REDUCE_SMALL_CUDA_FP8, chunked=True,
                          ragged_waves=CUDA_FP8_RAGGED_WAVES, flat=True, flat_waves=CUDA_FP8_FLAT_WAVES,
-                         flat_min_units=CUDA_FP8_FLAT_MIN_UNITS, flat_weight=CUDA_FP8_FLAT_WEIGHT)
+                         flat_min_units=CUDA_FP8_FLAT_MIN_UNITS, flat_weight=CUDA_FP8_FLAT_WEIGHT,
+                         fold=CUDA_FP8_FOLD)
 # Which kernel serves an fp8 cache: "auto" takes the CUDA one wherever it applies.
 BACKENDS = ("auto", "triton", "cuda")
 
@@ -876,6 +904,24 @@ def flat_plan(lens: list[int], targets: tuple[int, int], tile_n: int, split_cap:
     return pieces
 
 
+def fold_groups(lens: list[int], pieces: list[tuple[int, int, int, int]], fold: int) -> dict[int, list[list[int]]]:
+    """The CUDA kernel's fold over flat_plan's pieces, in plain Python: for each sequence, its
+    rows in groups, each group's combination written to the group's first row. With unequal
+    lengths, a sequence of n > fold pieces (consecutive programs' pieces) is grouped
+    ceil(n / fold) at a time; any other sequence, and every sequence of an equal-length batch,
+    keeps one group per piece. fp8_decode.cu (fold_of) and the reduction (_flat_rows) compute
+    the same groups; the tests hold the three together."""
+    rows_of: dict[int, list[int]] = {}
+    for row, seq, _, _ in pieces:
+        rows_of.setdefault(seq, []).append(row)
+    unequal = max(lens) != min(lens)
+    groups = {}
+    for seq, rows in rows_of.items():
+        g = -(-len(rows) // fold) if fold and unequal and len(rows) > fold else 1
+        groups[seq] = [rows[i:i + g] for i in range(0, len(rows), g)]
+    return groups
+
+
 def splits_per_sequence(lens: list[int], targets: tuple[int, int], tile_n: int, split_cap: int,
                         chunked: bool, flat: tuple[int, int, int] | None = None) -> list[int]:
     """Items per sequence under the plan a launch uses: plan_splits; the count of each
@@ -940,6 +986,25 @@ def _launch_reduce(grid, args, kwargs) -> None:
 
 
 # --8<-- [start:launcher]
+_FOLD_COUNTS: dict[torch.device, torch.Tensor] = {}
+
+
+def _device_fold_counts(device: torch.device, needed: int) -> torch.Tensor:
+    """The device's int32 zeros for the fold, made at the first launch that folds and kept for
+    the process: every later launch, and every graph captured after it, reads that tensor,
+    which each launch leaves zeroed, so no launch pays for a zeroing. It is never replaced,
+    since a graph may hold it. A launch that needs more than it holds (on more than 256 SMs)
+    gets zeros of its own each time, and so does a first launch made during a capture: the
+    graph then owns them and replays their zeroing."""
+    held = _FOLD_COUNTS.get(device)
+    if held is not None and held.numel() >= needed:
+        return held
+    counts = torch.zeros(max(needed, FOLD_COUNTS), dtype=torch.int32, device=device)
+    if held is None and not torch.cuda.is_current_stream_capturing():
+        _FOLD_COUNTS[device] = counts
+    return counts
+
+
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -959,6 +1024,8 @@ def paged_decode(
     ragged_waves: float | None = None,
     v_layout: str = "token",
     backend: str = "auto",
+    fold: int | None = None,
+    fold_counts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention over a paged KV cache; returns (B, Hq, d) in q's dtype.
 
@@ -988,6 +1055,13 @@ def paged_decode(
     cannot take the call), "triton" this file's kernel, "auto" the CUDA one wherever it
     applies and no Triton knob (tile_n, num_warps, num_stages) was given. Other dtypes
     always run the Triton kernel.
+    fold: CUDA kernel only. Under its flat plan (unequal lengths), a sequence cut into n >
+    fold pieces is combined in groups of ceil(n / fold) pieces inside the decode kernel as
+    they finish, so the reduction reads at most fold rows for it; 0 never folds (None: the
+    kernel's, CUDA_FP8_FOLD). fold_counts: the int32 zeros the fold counts pieces in, at least
+    fp8_decode.fold_counts_needed of them, zeros again after every launch. None uses one
+    tensor per device, so two launches that may run at once (on two streams) each need their
+    own.
     """
     # (1) Checks
     if q.dim() != 3:
@@ -1050,6 +1124,11 @@ def paged_decode(
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or (v_layout == "token" and v_cache.stride(-1) != 1) or block_tables.stride(-1) != 1 or seq_lens.stride(0) != 1:
         raise ValueError("q, k_cache, block_tables and seq_lens must be contiguous along their last axis")
     config = default_config(fp8, backend)
+    if fold is not None and fold != 0 and not 2 <= fold <= FOLD_MAX:
+        raise ValueError(f"fold must be 0 (never) or in [2, {FOLD_MAX}], got {fold}")
+    if fold and backend != "cuda":
+        raise ValueError(f"fold applies to the CUDA fp8 kernel (backend 'cuda'); this call runs {backend!r}")
+    fold = config.fold if fold is None else fold
     tile_n = tile_n or config.tile_n
     num_warps = num_warps or config.num_warps
     num_stages = num_stages or config.num_stages
@@ -1099,6 +1178,19 @@ def paged_decode(
     if flat:  # equal lengths keep the proportional items; unequal ones take 2 rows per program at most
         flat_programs = flat_plan_programs(num_kv_heads, num_sms, config)
         items = max(targets[0] + batch, 2 * flat_programs)
+    if fold_counts is not None:
+        if not fold:
+            raise ValueError("fold_counts is read only by the CUDA kernel's fold, and this call's fold is 0")
+        # A launch the host does not split never folds; the tensor is still checked.
+        needed = fp8_decode.fold_counts_needed(num_kv_heads, flat_programs) if flat else 1
+        if (fold_counts.dtype != torch.int32 or fold_counts.device != device or fold_counts.dim() != 1
+                or not fold_counts.is_contiguous() or fold_counts.numel() < needed):
+            raise ValueError(f"fold_counts must be a contiguous 1-D int32 tensor of at least {needed} zeros on "
+                             f"{device}, got {fold_counts.dtype}, shape {tuple(fold_counts.shape)} on "
+                             f"{fold_counts.device}")
+    fold = fold if flat else 0  # this launch's
+    if fold and fold_counts is None:
+        fold_counts = _device_fold_counts(device, fp8_decode.fold_counts_needed(num_kv_heads, flat_programs))
     if split:
         part_out = torch.empty(items, num_q_heads, d_pad, dtype=torch.float32, device=device)
         part_lse = torch.empty(items, num_q_heads, dtype=torch.float32, device=device)
@@ -1109,10 +1201,10 @@ def paged_decode(
     # (3) Launches
     if backend == "cuda":
         fp8_decode.launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, part_out, part_lse,
-                          items=flat_programs if flat else items, group_size=group_size,
+                          fold_counts, items=flat_programs if flat else items, group_size=group_size,
                           targets=targets, split_cap=split_cap, qk_scale=scale * math.log2(math.e), split=split,
                           flat=flat, flat_programs=flat_programs, min_units=config.flat_min_units,
-                          unit_weight=config.flat_weight)
+                          unit_weight=config.flat_weight, fold=fold)
     else:
         compile_options = {} if device.type == "cpu" else {"maxnreg": MAX_REGISTERS}
         paged_decode_kernel[(num_kv_heads, items)](
@@ -1154,7 +1246,7 @@ def paged_decode(
                       # no small step: both branches take s_chunk (a zero-wide step does not compile)
                       S_SMALL=(0 if wide else config.reduce_small) or s_chunk,
                       CHUNKED=config.chunked,
-                      RANK_MAX=fp8_decode.RANK_MAX_BATCH, FLAT=flat,
+                      RANK_MAX=fp8_decode.RANK_MAX_BATCH, FLAT=flat, FOLD=fold,
                       num_warps=4 if wide else REDUCE_NUM_WARPS_BATCHED, num_stages=2)
         if use_gdc:
             _launch_reduce((batch, num_q_heads), args, kwargs)
