@@ -985,7 +985,6 @@ def _launch_reduce(grid, args, kwargs) -> None:
     split_reduce_kernel[grid](*args, **kwargs, USE_GDC=False)
 
 
-# --8<-- [start:launcher]
 _FOLD_COUNTS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -1005,6 +1004,7 @@ def _device_fold_counts(device: torch.device, needed: int) -> torch.Tensor:
     return counts
 
 
+# --8<-- [start:launcher]
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
