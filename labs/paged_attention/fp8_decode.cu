@@ -513,10 +513,14 @@ struct Fold {
 // The fold of the piece this program has just finished: `last` is the sequence's end unit
 // (fr.first after next_piece), len its length; p_eff and programs are fr's.
 __device__ __forceinline__ Fold fold_of(i64 last, int p_eff, int programs, int len, int weight) {
-  const i64 total = flat_total, first = last - flat_units(len, weight);
+  const i64 total = flat_total, units = flat_units(len, weight), first = last - units;
+  Fold f{0, 0, 0};
+  // A sequence of U units spans n < (U - 1) p_eff / total + 2 programs (each holds at least
+  // total / p_eff units), so where (U - 1) p_eff <= (FOLD - 1) total it has at most FOLD
+  // pieces: most pieces return here, before the 64-bit divisions.
+  if ((units - 1) * p_eff <= (i64)(FOLD - 1) * total) return f;
   const int p0 = (int)(((first + 1) * p_eff + total - 1) / total - 1);  // as kernel._flat_rows
   const int n = (int)((last * p_eff + total - 1) / total - 1) - p0 + 1;
-  Fold f{0, 0, 0};
   if (n <= FOLD) return f;
   const int g = (n + FOLD - 1) / FOLD, k = ((int)blockIdx.y - p0) / g;
   f.members = min(g, n - k * g);
