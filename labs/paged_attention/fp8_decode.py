@@ -151,11 +151,11 @@ def launch(q, k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, out, p
     With flat, unequal lengths follow kernel.flat_plan over flat_programs of the items; with
     fold > 0 too, a sequence of more than `fold` pieces is combined in groups as its pieces
     finish (kernel.fold_groups), counted in fold_counts: zeros, fold_counts_needed of them,
-    and zeros again when the launch ends. Without the fold, fold_counts is not read."""
+    and zeros again when the launch ends. Without the fold (fold 0, which paged_decode passes
+    whenever the flat plan is off), fold_counts is not read."""
     num_kv_heads = k_cache.shape[2]
     heads = heads_per_program(num_kv_heads)
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    fold = fold if flat and split else 0
     fn = _kernel(device_index, k_cache.shape[1], k_cache.stride(1), split, q.dtype == torch.bfloat16, heads,
                  flat and split, fold)
     ptr = lambda t: ctypes.c_void_p(t.data_ptr())  # noqa: E731

@@ -1124,7 +1124,7 @@ def paged_decode(
     if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or (v_layout == "token" and v_cache.stride(-1) != 1) or block_tables.stride(-1) != 1 or seq_lens.stride(0) != 1:
         raise ValueError("q, k_cache, block_tables and seq_lens must be contiguous along their last axis")
     config = default_config(fp8, backend)
-    if fold is not None and fold != 0 and not 2 <= fold <= FOLD_MAX:
+    if fold and not 2 <= fold <= FOLD_MAX:
         raise ValueError(f"fold must be 0 (never) or in [2, {FOLD_MAX}], got {fold}")
     if fold and backend != "cuda":
         raise ValueError(f"fold applies to the CUDA fp8 kernel (backend 'cuda'); this call runs {backend!r}")

@@ -24,10 +24,9 @@ from pathlib import Path
 
 from labs import recorded, specs
 from labs.source_constants import assigned_literals
-from labs.paged_attention.bench import RESULTS_PATH, table_rows
+from labs.paged_attention.bench import KERNEL_SOURCE, RESULTS_PATH, fp8_target_applies, table_rows
 
 RECORD_COMMAND = "python -m labs.paged_attention.bench --out out/pa --record"
-KERNEL_SOURCE = Path(__file__).with_name("kernel.py")
 # The DRAM peak Nsight Compute reported on the GPU the rows were measured on (NOTES.md, "Ceilings
 # measured"): the ceiling a decode that only reads can approach, above the copy's read-plus-write rate.
 NCU_DRAM_PEAK_TB_S = {"NVIDIA H200": 4.81}
@@ -242,7 +241,7 @@ def paged_attention_fp8_table(gpu: str) -> str:
             f"| {r['speedup_vs_bf16']:.2f}×{step}{triton} | {r['rel_err']:.1e} | {r['quant_rel_err']:.1e} "
             f"| {r['bf16_rel_err']:.1e} |"
         )
-    timers = (" Time and Speedup are one call per CUDA graph after a 256 MB flush; the per-step columns time "
+    timers = (" Time and Speedup are one call per CUDA graph after a flush of L2; the per-step columns time "
               f"the same call as one layer of a decode step, on {rows[0]['step_layers']} copies of its inputs "
               "in one graph, with no flush." if per_step else "")
     layouts = {r.get("v_layout", "token") for r in rows}
@@ -327,7 +326,7 @@ def paged_attention_fp8_summary(gpu: str) -> str:
     m, rows, note = _table_or_note(gpu, "fp8")
     if note:
         return note
-    big = [r for r in rows if r["kind"] == "ragged" or r["batch"] >= 16]
+    big = [r for r in rows if fp8_target_applies(r)]
     speed = sorted(r["speedup_vs_bf16"] for r in big)
     step = sorted(r["step_speedup_vs_bf16"] for r in big if "step_speedup_vs_bf16" in r)
     per_step = (f" ({step[0]:.2f}–{step[-1]:.2f}× timed as one layer of a decode step)"
