@@ -23,6 +23,7 @@ tensor-parallel degree. For it:
     offline_throughput_bound(dep, trace, concurrency)                   -> ThroughputBound
     bandwidth(gpu, source)       datasheet or measured bandwidth        -> Bandwidth
     lora_adapter_bytes(model, rank, targets, dtype, tp)  one LoRA adapter's A and B matrices
+    lora_slot_bytes(model, rank, dtype, tp)  one GPU slot vLLM reserves at max_lora_rank
     lora_adapter(dep, rank, targets)  an adapter beside the deployment's weights -> LoraAdapter
     lora_op(gpu, tokens, n_in, n_out, rank, adapters)  a segmented shrink + expand -> OpCost
 
@@ -31,6 +32,10 @@ What counts
 * Matmul FLOPs are 2 per weight per token that passes through it.
 * The input embedding is a lookup: no FLOPs, and a step reads only its rows
   (counted as 0 bytes). With tied embeddings the one table is the LM head.
+* A weight dtype (fp8, int4-g128) prices the matmul weights and experts; the
+  embedding and LM head stay 16-bit, as vLLM 0.33's quantization methods leave
+  them (fp8: LinearBase and experts only; GPTQ/AWQ: lm_head only when the
+  checkpoint quantized it).
 * The LM head is a matmul and counts, but only for rows that sample a token:
   vLLM 0.33 computes logits at the sampling positions only
   (`logits_indices = query_start_loc[1:] - 1` in vllm/v1/worker/gpu_model_runner.py;
@@ -195,7 +200,13 @@ class Deployment:
 
     @property
     def bytes_per_weight(self) -> float:
+        """Bytes per parameter of the matmul weights that a weight dtype quantizes (not the tables)."""
         return WEIGHT_BYTES[self.weight_dtype] if self.weight_dtype else self.model.weight_bytes_per_param
+
+    @property
+    def bytes_per_table_weight(self) -> int:
+        """Bytes per parameter of the embedding and LM head, which vLLM keeps 16-bit under any weight dtype."""
+        return self.model.table_bytes_per_param
 
     @property
     def compute_dtype(self) -> str:
@@ -332,6 +343,12 @@ class ParamSplit:
         """Weights every token passes through: attention, dense MLPs, shared experts, routers, norms."""
         return self.total - self.embedding - self.lm_head - self.routed_experts
 
+    def bytes_read(self, dep: "Deployment", experts_touched: float) -> float:
+        """Weight bytes one step reads, whole model: the body, the LM head at its own 16-bit width, and the
+        fraction of routed experts the step's tokens touch (the input embedding reads only its rows: 0)."""
+        return ((self.body + self.routed_experts * experts_touched) * dep.bytes_per_weight
+                + self.lm_head * dep.bytes_per_table_weight)
+
     @property
     def active(self) -> float:
         """Parameters one token's forward pass multiplies by, LM head included, input embedding excluded.
@@ -357,11 +374,14 @@ def param_split(model: ModelSpec) -> ParamSplit:
 
 
 def weight_bytes(dep: Deployment) -> int:
-    """Bytes of weights one rank holds: all parameters at the weight dtype, split over TP.
+    """Bytes of weights one rank holds, split over TP: the matmul weights at the weight dtype, the
+    embedding and LM head 16-bit (no vLLM 0.33 method quantizes them by default).
 
     fp8 checkpoints' block scales are not counted (under 0.1% of the bytes); int4-g128 counts its group scales.
     """
-    return math.ceil(dep.model.params * dep.bytes_per_weight / dep.tp)
+    tables = dep.model.table_params
+    return math.ceil(((dep.model.params - tables) * dep.bytes_per_weight + tables * dep.bytes_per_table_weight)
+                     / dep.tp)
 
 
 def kv_bytes_per_token(dep: Deployment) -> int:
@@ -573,7 +593,7 @@ class _Geometry:
         kv_write = tokens * m.n_layers * self.layer_kv
         matmul = 2 * (split.body + split.routed_experts * split.routed_fraction) * tokens + 2 * split.lm_head * rows
         touched = 1.0 - (1.0 - split.routed_fraction) ** tokens if split.routed_experts else 0.0
-        weights = (split.body + split.lm_head + split.routed_experts * touched) * dep.bytes_per_weight
+        weights = split.bytes_read(dep, touched)
         tp = dep.tp
         bw = dep.memory_bandwidth
         return StepCost(flops=(matmul + attn) / tp, weight_bytes=weights / tp, kv_read_bytes=kv_read,
@@ -720,7 +740,7 @@ def _crossing(dep: Deployment, lm_rows_per_token: bool) -> float:
         rows = n if lm_rows_per_token else 1.0
         flops = 2 * (split.body + split.routed_experts * split.routed_fraction) * n + 2 * split.lm_head * rows
         touched = 1.0 - (1.0 - split.routed_fraction) ** n if split.routed_experts else 0.0
-        nbytes = (split.body + split.lm_head + split.routed_experts * touched) * dep.bytes_per_weight
+        nbytes = split.bytes_read(dep, touched)
         return flops / rate - nbytes / bw
 
     lo, hi = 0.0, 1.0
@@ -970,7 +990,7 @@ def offline_throughput_bound(dep: Deployment, trace: Iterable, concurrency: int)
     batch = min(concurrency, requests)
     steps = decode_tokens / batch
     touched = 1.0 - (1.0 - split.routed_fraction) ** batch if split.routed_experts else 0.0
-    step_weights = (split.body + split.lm_head + split.routed_experts * touched) * dep.bytes_per_weight / tp
+    step_weights = split.bytes_read(dep, touched) / tp
     decode_bytes = steps * step_weights + kv_bytes
     decode_flops = 2 * split.active * decode_tokens / tp + attn_flops
     bw = dep.memory_bandwidth
@@ -1138,6 +1158,21 @@ def lora_adapter_bytes(model: str | ModelSpec, rank: int, targets: Iterable[str]
 # --8<-- [end:lora_bytes]
 
 
+def lora_slot_bytes(model: str | ModelSpec, rank: int, dtype: str = "bfloat16", tp: int = 1) -> int:
+    """Bytes of one GPU slot at `rank` (vLLM's max_lora_rank) on one rank, as vLLM 0.33 allocates it with
+    --lora-target-modules unset: every linear projection, plus the model's embedding modules.
+
+    Llama-style models list embed_tokens and lm_head as embedding_modules, and LoRA wraps both
+    (vllm/lora/utils.py get_supported_lora_modules): embed_tokens holds A (vocab, r) and B (hidden, r)
+    per slot (vllm/lora/layers/vocab_parallel_embedding.py), lm_head A (r, hidden) and B (vocab, r)
+    (vllm/lora/layers/logits_processor.py), whole on every rank. For Llama-3.1-8B that is about a tenth
+    of the slot: a trained adapter's size (lora_adapter_bytes) undercounts what the slots reserve.
+    """
+    m = get_model(model) if isinstance(model, str) else model
+    tables = 2 * rank * (m.vocab_size + m.hidden_size) * LORA_DTYPES[dtype]
+    return lora_adapter_bytes(m, rank, LORA_TARGETS, dtype, tp) + tables
+
+
 @dataclass(frozen=True)
 class LoraAdapter:
     """One adapter beside the base weights of a deployment, per rank."""
@@ -1146,6 +1181,7 @@ class LoraAdapter:
     targets: tuple[str, ...]
     bytes: int
     base_bytes: int  # the deployment's weight bytes on one rank
+    slot_bytes: int  # one GPU slot of this rank on one rank (lora_slot_bytes), whatever the adapter targets
 
     @property
     def fraction(self) -> float:
@@ -1163,14 +1199,15 @@ class LoraAdapter:
 
     def slots_bytes(self, slots: int) -> int:
         """Bytes of `slots` GPU slots of this rank (vLLM allocates max_loras slots at max_lora_rank)."""
-        return slots * self.bytes
+        return slots * self.slot_bytes
 
 
 def lora_adapter(dep: Deployment, rank: int, targets: Iterable[str] = LORA_TARGETS) -> LoraAdapter:
     """An adapter in the deployment's serving dtype (vLLM's lora_dtype "auto" is the model dtype)."""
     targets = tuple(targets)
     nbytes = lora_adapter_bytes(dep.model, rank, targets, dep.model.serving_dtype, dep.tp)
-    return LoraAdapter(rank, targets, nbytes, weight_bytes(dep))
+    slot = lora_slot_bytes(dep.model, rank, dep.model.serving_dtype, dep.tp)
+    return LoraAdapter(rank, targets, nbytes, weight_bytes(dep), slot)
 
 
 # --8<-- [start:lora_op]

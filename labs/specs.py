@@ -210,6 +210,21 @@ class ModelSpec:
     def weight_bytes_per_param(self) -> int:
         return DTYPE_BYTES[self.weight_dtype or self.serving_dtype]
 
+    @property
+    def table_bytes_per_param(self) -> int:
+        """Bytes per parameter of the embedding and LM head: quantized checkpoints keep them 16-bit.
+
+        vLLM 0.33's fp8 method quantizes LinearBase layers and experts only, and ParallelLMHead is a
+        VocabParallelEmbedding (vllm/model_executor/layers/quantization/fp8.py get_quant_method);
+        DeepSeek-V3's fp8 checkpoint stores both tables in bf16.
+        """
+        return DTYPE_BYTES[self.serving_dtype]
+
+    @property
+    def table_params(self) -> int:
+        """Parameters of the input embedding and the LM head (one table when they are tied)."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
     def estimated_params(self) -> tuple[int, int]:
         """(total, active) parameters recomputed from the geometry.
 
@@ -248,8 +263,9 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of weights at the dtype vLLM loads (estimate for quantized checkpoints: no scales)."""
-        return self.params * self.weight_bytes_per_param
+        """Bytes of weights at the dtypes vLLM loads (estimate for quantized checkpoints: no scales)."""
+        return ((self.params - self.table_params) * self.weight_bytes_per_param
+                + self.table_params * self.table_bytes_per_param)
 
 
 @dataclass(frozen=True)

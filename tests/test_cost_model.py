@@ -167,7 +167,9 @@ def test_deepseek_v3_mla():
     dep = r.deployment("deepseek-v3", "h200", tp=8)
     # one latent of kv_lora_rank + rope = 512 + 64 per layer per token, bf16, on every rank
     assert r.kv_bytes_per_token(dep) == 61 * 576 * 2 == 70_272
-    assert r.weight_bytes(dep) == 671_000_000_000 // 8  # fp8: one byte per weight
+    # fp8: one byte per matmul weight; the embedding and LM head (129,280 x 7,168 each) stay bf16
+    tables = 2 * 129_280 * 7_168
+    assert r.weight_bytes(dep) == (671_000_000_000 - tables) // 8 + tables * 2 // 8
     assert dep.compute_dtype == "fp8" and dep.flops_per_s == 1979e12
     assert r.deployment("deepseek-v3", "a100-80gb", tp=8).compute_dtype == "bf16"  # no fp8 tensor cores
     # active parameters from the geometry: 8 of 256 routed experts of 58 MoE layers
@@ -316,3 +318,21 @@ def test_kv_read_limit_is_what_decode_tokens_per_s_tends_to(l8):
     assert limit == pytest.approx(4.8e12 / (2048 * 131072))
     assert r.decode(l8, 1 << 16, 2048).tokens_per_s == pytest.approx(limit, rel=0.01)
     assert r.decode(l8, 256, 2048).tokens_per_s < limit
+
+
+def test_quantized_weights_keep_the_embedding_and_lm_head_16_bit():
+    """fp8 and int4 price the matmul weights; the tables stay bf16, as vLLM 0.33 loads them."""
+    bf16 = r.deployment("llama-3.1-8b", "h200")
+    tables = 2 * 128_256 * 4_096  # untied: input embedding and LM head
+    body = 8_030_261_248 - tables
+    assert r.weight_bytes(bf16) == 8_030_261_248 * 2
+    assert r.weight_bytes(r.deployment("llama-3.1-8b", "h200", weight_dtype="fp8")) == body + tables * 2
+    int4 = r.deployment("llama-3.1-8b", "h200", weight_dtype="int4-g128")
+    assert r.weight_bytes(int4) == math.ceil(body * 4.125 / 8 + tables * 2)
+    # a decode step reads the body at the weight dtype and the LM head at 2 bytes (the embedding: its rows only)
+    fp8 = r.deployment("llama-3.1-8b", "h200", weight_dtype="fp8")
+    assert r.decode(fp8, 1, 0).weight_bytes == pytest.approx(body + 128_256 * 4_096 * 2)
+    # a tied table is counted once (Qwen3-4B)
+    q = r.deployment("qwen3-4b", "h200", weight_dtype="fp8")
+    one_table = 151_936 * 2_560
+    assert r.weight_bytes(q) == q.model.params - one_table + one_table * 2
