@@ -332,8 +332,8 @@ class LoraDesign:
 
     @property
     def slot_bytes(self) -> int:
-        """One GPU slot on one rank, at max_lora_rank."""
-        return lora_adapter_bytes(self.model, self.max_lora_rank, self.dep.tp)
+        """One GPU slot on one rank, at max_lora_rank: the projections and the embedding modules' slots."""
+        return roofline.lora_slot_bytes(self.model, self.max_lora_rank, tp=self.dep.tp)
 
     @property
     def gpu_slots_bytes(self) -> int:

@@ -44,7 +44,19 @@ def test_adapter_beside_the_base_weights_rounds_counts_down():
     assert a.bytes == roofline.lora_adapter_bytes("llama-3.1-8b", 16)
     assert a.fraction == pytest.approx(a.bytes / a.base_bytes) and a.fraction < 0.01
     assert a.per_base * a.bytes <= a.base_bytes < (a.per_base + 1) * a.bytes
-    assert a.fit_gib(1) == 2**30 // a.bytes and a.slots_bytes(4) == 4 * a.bytes
+    assert a.fit_gib(1) == 2**30 // a.bytes and a.slots_bytes(4) == 4 * a.slot_bytes
+
+
+def test_a_gpu_slot_also_holds_the_embedding_and_lm_head_slots():
+    """With --lora-target-modules unset vLLM 0.33 wraps embed_tokens and lm_head too: a slot at rank r holds
+    the seven projections and A, B of both tables, (vocab + hidden) x r each, bf16, whole on every rank."""
+    tables = 2 * 64 * (128_256 + 4_096) * 2
+    assert roofline.lora_slot_bytes("llama-3.1-8b", 64) == roofline.lora_adapter_bytes("llama-3.1-8b", 64) + tables
+    tp2 = roofline.lora_slot_bytes("llama-3.1-8b", 64, tp=2)
+    assert tp2 == roofline.lora_adapter_bytes("llama-3.1-8b", 64, tp=2) + tables  # the tables are not split
+    a = roofline.deployment("llama-3.1-8b", "h200").lora_adapter(64, targets=("q_proj", "v_proj"))
+    assert a.slot_bytes == roofline.lora_slot_bytes("llama-3.1-8b", 64) > a.bytes  # slots do not follow targets
+    assert a.slots_bytes(16) == 16 * a.slot_bytes
 
 
 @pytest.mark.parametrize("bad, match", [
