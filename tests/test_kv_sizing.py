@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 
 import pytest
 
@@ -269,6 +270,16 @@ def test_cli_table(capsys):
     out = capsys.readouterr().out
     assert "KV bytes per token" in out and "131,072" in out and "maximum concurrency" in out
     assert "kv_pool = requested - weights" in out and "estimate" in out
+
+
+def test_cli_table_names_which_total_it_used(capsys):
+    """The H200's total is the driver's (recorded); the H100's is nvidia-smi's, an upper bound, and says so."""
+    assert cli_main(["--model", "llama-3.1-8b", "--gpu", "h200", "--max-model-len", "8192"]) == 0
+    assert "total memory (cudaMemGetInfo)" in capsys.readouterr().out
+    assert cli_main(["--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--max-model-len", "8192"]) == 0
+    out = capsys.readouterr().out
+    assert "cudaMemGetInfo" not in out
+    assert re.search(r"total memory \(nvidia-smi\)\s+79\.65 GiB\s+upper bound", out)
 
 
 def test_cli_json(capsys):

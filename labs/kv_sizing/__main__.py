@@ -77,7 +77,9 @@ def _gib(x: int | float | None) -> int | None:
 
 def _table(b) -> str:
     rows = [
-        ("total memory (cudaMemGetInfo)", b.total_memory, ""),
+        # Which total: the driver's cudaMemGetInfo where one is recorded, else nvidia-smi's larger figure.
+        ("total memory (cudaMemGetInfo)" if b.total_measured else "total memory (nvidia-smi)", b.total_memory,
+         "" if b.total_measured else "upper bound"),
         (f"x gpu_memory_utilization {b.gpu_memory_utilization}", b.requested_memory, "requested"),
         ("- weights", b.weights, "derived"),
         ("- activation peak (profiling pass)", b.activation_peak, "estimate" if "activation_peak" in b.estimates else "input"),
