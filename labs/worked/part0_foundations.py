@@ -41,7 +41,7 @@ class TokensInMemory:
     model: str
     memory_bytes: int
     kv_bytes_per_token: int
-    tokens: float  # memory_bytes / kv_bytes_per_token, not rounded to whole blocks
+    tokens: int  # whole tokens that fit: memory_bytes // kv_bytes_per_token (not rounded to whole blocks)
 
 
 def part0_tokens_in_memory(model: str, memory_gib: float, kv_dtype: str = "auto") -> TokensInMemory:
@@ -50,7 +50,7 @@ def part0_tokens_in_memory(model: str, memory_gib: float, kv_dtype: str = "auto"
     spec = get_model(model)
     memory = int(memory_gib * GIB)
     per_token = formula.kv_bytes_per_token(spec, kv_dtype)
-    return TokensInMemory(model, memory, per_token, memory / per_token)
+    return TokensInMemory(model, memory, per_token, memory // per_token)
 
 
 @dataclass(frozen=True)
