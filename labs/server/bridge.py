@@ -159,8 +159,10 @@ class EngineThread:
                 st.aborted = True
                 seq = st.seq
                 if seq is not None and self._live.pop(seq.seq_id, None) is not None:
-                    self.llm.abort(seq)  # frees its blocks now
-                    self.metrics.inc("vllm:request_success", finished_reason="abort")
+                    # Frees its blocks now. No finished-request metric, as in vLLM 0.33: a client's
+                    # disconnect aborts internally and OutputProcessor.abort_requests drops the request
+                    # before its stats are recorded (vllm/v1/engine/output_processor.py).
+                    self.llm.abort(seq)
 
     def _publish(self, finished_ids: set[int]) -> None:
         now = time.perf_counter()
