@@ -93,6 +93,8 @@ def test_timeline_splits_a_step_into_busy_and_idle():
         _ev("attn_kernel", "kernel", 55, 10),  # 5 us gap
         _ev("gemm<half>", "kernel", 65, 20),  # back to back
         _ev("cudaLaunchKernel", "cuda_runtime", 18, 2),
+        _ev("cuLaunchKernel", "cuda_driver", 52, 2),  # a Triton kernel's launch: the driver API
+        _ev("cuModuleGetFunction", "cuda_driver", 53, 1),  # not a launch
         _ev("engine_step_1", "user_annotation", 100, 50),
         _ev("attn_kernel", "kernel", 110, 30),
     ]}
@@ -104,6 +106,7 @@ def test_timeline_splits_a_step_into_busy_and_idle():
     assert s["idle_after_last_kernel_us"] == pytest.approx((15 + 10) / 2)
     assert s["largest_gap_us"] == 5 and s["largest_gap_between"] == ["gemm", "attn_kernel"]
     assert s["gaps_per_step"] == 0.5 and s["kernels_per_step"] == 2
+    assert s["launch_calls_per_step"] == 0.5 and s["driver_launch_calls_per_step"] == 0.5  # counted apart
     top = {k["name"]: k for k in s["top"]}
     assert top["gemm"]["us_per_step"] == 25 and top["attn_kernel"]["calls_per_step"] == 1
     with pytest.raises(timeline.TraceError):

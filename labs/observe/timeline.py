@@ -67,7 +67,10 @@ def summarise(trace: dict, top: int = 6) -> dict:
     if not steps:
         raise TraceError("no engine_step_N ranges (record_function) in the trace")
     kernels = [e for e in events if e.get("cat") == "kernel"]
+    # Kernels launch through the runtime API (cudaLaunchKernel, cudaGraphLaunch) or the driver API
+    # (cuLaunchKernel: Triton's launcher); the profiler files them under two categories, counted apart.
     launches = [e for e in events if e.get("cat") == "cuda_runtime"]
+    driver_launches = [e for e in events if e.get("cat") == "cuda_driver" and str(e.get("name", "")).startswith("cuLaunch")]
     ops = [e for e in events if e.get("cat") == "cpu_op"]
     n = len(steps)
     wall = busy = head = inside = tail = 0.0
@@ -125,5 +128,6 @@ def summarise(trace: dict, top: int = 6) -> dict:
         "largest_gap_us": round(largest[0], 1), "largest_gap_between": [largest[1], largest[2]],
         "launch_calls_per_step": round(sum(1 for e in launches if str(e.get("name", "")).startswith(
             ("cudaLaunchKernel", "cudaGraphLaunch", "cuLaunch"))) / n, 1),
-        "launch_us_per_step": round(launch_us / n, 1), "top": top_rows,
+        "launch_us_per_step": round(launch_us / n, 1),
+        "driver_launch_calls_per_step": round(len(driver_launches) / n, 1), "top": top_rows,
     }
