@@ -209,7 +209,7 @@ def numbers_table(gpu: str, max_model_len: int = 8192, context: int = 1024, mode
     upper = g.memory_mib_cuda is None
     mark = "≤ " if upper else ""
     lines = ["| Model | TP to fit | Weights per GPU | KV per token per GPU | Decode floor, B = 1 | "
-             "Ridge, prefill tokens | KV pool per GPU | Tokens in pool | Requests at full L |",
+             "Ridge, prefill tokens | KV pool per GPU | Tokens in pool (vLLM's log) | Requests at full L |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name in models or list(specs.all_models()):
         m = specs.get_model(name)
@@ -219,9 +219,9 @@ def numbers_table(gpu: str, max_model_len: int = 8192, context: int = 1024, mode
             continue
         pool = d.kv_pool(max_model_len)
         lines.append(
-            f"| {m.display_name} | {d.tp} | {gb(d.weight_bytes())} | {kib(d.kv_bytes_per_token(), 0)} "
+            f"| {m.display_name} | {d.tp} | {gib(d.weight_bytes())} | {kib(d.kv_bytes_per_token(), 0)} "
             f"| {ms(d.decode(1, context).floor_s)} | {num(d.ridge().prefill_tokens)} "
-            f"| {mark}{gib(pool.kv_pool)} | {mark}{fit(pool.token_slots)} | {mark}{fit(pool.max_concurrency)} |")
+            f"| {mark}{gib(pool.kv_pool)} | {mark}{num(pool.kv_cache_tokens)} | {mark}{fit(pool.max_concurrency)} |")
     basis = (f"nvidia-smi's total ({num(g.memory_mib_reported)} MiB, reported in public logs): cudaMemGetInfo's, "
              "which vLLM budgets from, has not been measured on this GPU and is a few hundred MiB lower, so the "
              "pool columns (marked ≤) are upper bounds" if upper else
@@ -259,7 +259,7 @@ def model_numbers_table(gpu: str = "h200") -> str:
     from labs import roofline
 
     specs = _specs()
-    lines = ["| Model | Parameters (total / active) | Weights | KV per token, bf16 / fp8 | Matmul FLOPs per decode token "
+    lines = ["| Model | Parameters (total / active, input embedding excluded) | Weights | KV per token, bf16 / fp8 | Matmul FLOPs per decode token "
              "| Attention |", "|---|---:|---:|---:|---:|---|"]
     for name, m in specs.all_models().items():
         d = roofline.deployment(m, gpu)

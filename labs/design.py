@@ -164,7 +164,7 @@ class ChatDesign:
 
     @property
     def batch_by_kv(self) -> int:
-        return self.pool.token_slots // self.context
+        return whole_requests(self.pool, self.context)
 
     @property
     def batch(self) -> int:
@@ -271,6 +271,16 @@ class ChatDesign:
     def half_speed(self) -> "ChatDesign":
         """The same design if the engine reached half the floor capacity assumed (headroom halved)."""
         return dataclasses.replace(self, headroom=self.headroom / 2)
+
+
+def _blocks(pool: memory_budget.Budget, tokens: int) -> int:
+    return -(-tokens // pool.block_size)
+
+
+def whole_requests(pool: memory_budget.Budget, tokens: int) -> int:
+    """Requests of `tokens` tokens that the pool holds at once, each in whole blocks; the null block is never
+    handed out. (A full-attention model's count: every design here serves one.)"""
+    return (pool.num_blocks - 1) // _blocks(pool, tokens)
 
 
 # ---------------------------------------------------------------------------
@@ -447,7 +457,7 @@ class RagDesign:
 
     @property
     def batch_by_kv(self) -> int:
-        return self.pool.token_slots // self.context
+        return whole_requests(self.pool, self.context)
 
     @property
     def batch_by_tpot(self) -> int:
@@ -491,8 +501,8 @@ class RagDesign:
     @property
     def cached_documents(self) -> int:
         """Documents the pool can keep cached beside a full batch of running requests."""
-        spare = self.pool.token_slots - self.batch * self.context
-        return max(spare, 0) // self.document
+        spare = self.pool.num_blocks - 1 - self.batch * _blocks(self.pool, self.context)
+        return max(spare, 0) // _blocks(self.pool, self.document)
 
     @property
     def transfer_bytes(self) -> int:

@@ -15,6 +15,9 @@ def test_chat_batch_meets_its_caps_and_the_fleet_carries_the_load():
     assert 1 <= c.batch <= min(c.batch_by_tpot, c.batch_by_kv)
     assert c.dep.decode(c.batch, c.context).floor_s <= c.tpot_s
     assert c.dep.kv_pool(c.max_model_len).token_slots >= c.batch * c.context
+    # requests fit in whole blocks, and block 0 (the null block) is never handed out
+    blocks = -(-c.context // c.pool.block_size)
+    assert c.batch_by_kv * blocks <= c.pool.num_blocks - 1 < (c.batch_by_kv + 1) * blocks
     assert c.replicas * c.planned_rps >= c.qps
     assert (c.replicas - 1) * c.planned_rps < c.qps  # no replica more than needed
     assert c.gpus == c.replicas * c.dep.tp

@@ -121,7 +121,7 @@ def roofline_figure(roofline, page_url: str, model: str, gpu: str, context: int 
                             "Time at the roof"], rows)
     bf16 = next(r for r in data["roofs"] if r["kind"] == "bf16")
     caption = (
-        f"<strong>{_esc(data['gpu'])}</strong>: {data['bandwidth'] / 1e12:g} TB/s of HBM bandwidth "
+        f"<strong>{_esc(data['gpu'])}</strong>: {data['bandwidth'] / 1e12:g} TB/s of memory bandwidth "
         f"({_esc(data['bandwidth_source'])}), {bf16['flops'] / 1e12:,g} dense bf16 TFLOP/s "
         f"(<code>labs/data/gpus.yaml</code>). Points: {_esc(data['model'])} in bf16 at {data['context']:,} tokens of "
         "context, <em>derived</em> by the cost model (<code>labs/roofline.py</code>), not measured."
