@@ -70,11 +70,13 @@ class Stack:
             v_cache.index_copy_(2, self.pos, v.view(b, s.kv_heads, 1, s.head_dim))
             a = F.scaled_dot_product_attention(q, k_cache, v_cache, enable_gqa=True)
         else:  # x is (T, hidden): one sequence's prompt
+            # A batch of one, 4-D: SDPA's fused backends take only 4-D inputs (torch 2.11 sends 3-D ones to
+            # its math backend, which writes the whole score matrix).
             t = x.shape[0]
-            q = q.view(t, s.heads, s.head_dim).transpose(0, 1)
-            k = k.view(t, s.kv_heads, s.head_dim).transpose(0, 1)
-            v = v.view(t, s.kv_heads, s.head_dim).transpose(0, 1)
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).transpose(0, 1)
+            q = q.view(1, t, s.heads, s.head_dim).transpose(1, 2)
+            k = k.view(1, t, s.kv_heads, s.head_dim).transpose(1, 2)
+            v = v.view(1, t, s.kv_heads, s.head_dim).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)[0].transpose(0, 1)
         x = a.reshape(x.shape[0], s.heads * s.head_dim) @ lw["o"]
         y, res = self.norm(x, res, lw["n2"], s.eps)
         gate, up = (y @ lw["gate_up"]).chunk(2, -1)
