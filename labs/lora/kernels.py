@@ -12,8 +12,9 @@ the layout vLLM 0.33 keeps its GPU slots in (vllm/lora/layers/base_linear.py). T
   Four launches per adapter, and each matmul is a few rows thin.
 - `lora_segmented`: the Punica / SGMV idea. The rows are grouped by adapter once per step
   (`plan`); one shrink launch computes every group's x A^T into an fp32 (rows, r) buffer,
-  one expand launch multiplies by B^T and adds into y. Two launches, whatever the number
-  of adapters; each program reads the one adapter its rows share.
+  one expand launch multiplies by B^T and adds into y. Two kernels, whatever the number
+  of adapters (three launches when the shrink splits K and adds atomically into a zeroed
+  buffer); each program reads the one adapter its rows share.
 
 Standard library, torch and triton only; the kernels run on the CPU under TRITON_INTERPRET=1.
 """
@@ -159,7 +160,8 @@ def _check(x, y, a, b):
 # --8<-- [start:segmented]
 def lora_segmented(torch, x, y, a, b, p: Plan, scale: float = 1.0, block_k: int = 128, block_n: int = 128,
                    split_k: int | None = None):
-    """y += scale * LoRA(x) for every row with an adapter, in two launches; returns y (changed in place)."""
+    """y += scale * LoRA(x) for every row with an adapter, in two kernels (plus the buffer's zero-fill when K is
+    split); returns y (changed in place)."""
     _check(x, y, a, b)
     if not p.adapters:
         return y

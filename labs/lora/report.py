@@ -103,8 +103,9 @@ def lora_overhead_plot(page_url: str, gpu: str, layer: str = "q_proj") -> str:
         f"lora-overhead-{layer}", page_url, series, x_label="distinct adapters in the batch (log)",
         y_label="LoRA time / base time (%, log)", log_x=True, log_y=True,
         title=f"LoRA overhead over the base {layer} ({n_in:,} × {n_out:,}), rank {lab.SWEEP_RANK}, {gpu} (measured)",
-        caption="The loop's cost grows with every adapter it launches for; the segmented pair stays two launches "
-                "and grows only with the adapter bytes it reads. CUDA-graph replays, medians, L2 flushed.",
+        caption="The loop's cost grows with every adapter it launches for; the segmented path stays the same few "
+                "launches (shrink and expand, plus a zero-fill when the shrink splits K) and grows only with the "
+                "adapter bytes it reads. CUDA-graph replays, medians, L2 flushed.",
         table=plotting.markdown_table(["Series", "Adapters", "Overhead"], table), size=(6.4, 4.2))
 
 

@@ -20,7 +20,7 @@ SPEED = LabResults(
     "quantization_speed", RESULTS_DIR / "quantization_speed.json", "python3 -m labs.quantization.speed --out out/quant --record",
     {"gemm": [Column("Layer", "layer", "`{}`"), Column("M", "m", "{}"), Column("Variant", "variant", "`{}`"),
               Column("Time (µs)", "time_us", "{:,.1f}"), Column("bf16 ÷ time", "vs_bf16", "{:.2f}"),
-              Column("MB read", "bytes", "{:,}"), Column("GB/s", "gb_s", "{:,.0f}"),
+              Column("Bytes read", "bytes", "{:,}"), Column("GB/s", "gb_s", "{:,.0f}"),
               Column("TFLOP/s", "tflop_s", "{:,.1f}")]},
 )
 
@@ -174,8 +174,11 @@ def quant_speed_plot(page_url: str, gpu: str, layer: str = "gate_proj/up_proj") 
     return plotting.lines(f"quant-speed-{layer.replace('/', '-')}", page_url, series, x_label="M (rows of X, log)",
                           y_label="time (µs)", log_x=True,
                           title=f"{layer} GEMM time against M on the {gpu} (measured)",
-                          caption="Weight-only kernels read fewer bytes and win where the GEMM is memory-bound "
-                                  "(small M); fp8 W8A8 wins as M grows and the product becomes compute-bound.",
+                          caption="Only fp8-gemm (torch._scaled_mm on already-quantized activations) beats bf16, at "
+                                  "every M. fp8-w8a8, which pays its activation quantization unfused, and the "
+                                  "lab's weight-only Triton kernels are slower than bf16 at every M despite "
+                                  "reading fewer bytes, int4 most of all; both weight-only kernels fall further "
+                                  "behind at the largest M.",
                           table=plotting.markdown_table(["Variant", "M", "Time (µs)"], table))
 
 
