@@ -90,6 +90,16 @@ def _total_basis(gpu: specs.GPUSpec) -> str:
 # ---------------------------------------------------------------------------
 
 
+def _weights_basis(m: specs.ModelSpec, tp: int) -> str:
+    """How the weight row was derived: the cost model's weight_bytes, with the tables at their own width."""
+    split = "" if tp == 1 else f" ÷ TP {tp}"
+    if m.table_bytes_per_param == m.weight_bytes_per_param:
+        return f"derived: {m.params:,} parameters × {m.weight_bytes_per_param} B{split}"
+    body = m.params - m.table_params
+    return (f"derived: {body:,} parameters × {m.weight_bytes_per_param} B, embedding and LM head "
+            f"({m.table_params:,}) × {m.table_bytes_per_param} B{split}")
+
+
 def kv_budget(model: str, gpu: str, max_model_len: int | None = None, **kwargs) -> Budget:
     """`budget(...)` by model and GPU name, for pages that need one field: `kv_budget(...).max_concurrency`.
 
@@ -117,9 +127,7 @@ def kv_budget_table(model: str, gpu: str, max_model_len: int | None = None, **kw
         ("Total memory", _gib(b.total_memory), _total_basis(g)),
         (f"× `gpu_memory_utilization` {b.gpu_memory_utilization} = requested", _gib(b.requested_memory),
          "`request_memory`: ceil(total × utilization)"),
-        ("− weights", _gib(b.weights),
-         f"derived: {m.params:,} parameters × {m.weight_bytes_per_param} B"
-         + (f" ÷ TP {b.tensor_parallel_size}" if b.tensor_parallel_size > 1 else "")),
+        ("− weights", _gib(b.weights), _weights_basis(m, b.tensor_parallel_size)),
         ("− activation peak (profiling pass)", _gib(b.activation_peak),
          f"{basis('activation_peak')}: a pass of {b.max_num_batched_tokens:,} tokens, {b.max_num_seqs:,} sampler rows"),
         ("− non-torch memory", _gib(b.non_torch), basis("non_torch")),

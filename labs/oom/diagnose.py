@@ -75,12 +75,14 @@ def diagnose(ev: Evidence) -> Diagnosis:
 
     fractions = ctx.get("instance_fractions")
     if fractions and sum(fractions) > 1:
+        # Used memory outside this process's caching allocator: the other instance, plus this process's
+        # own CUDA context (PyTorch's message names the other process's share alone).
         other = ev.total - ev.free - ev.reserved
         return Diagnosis(
             "two-instances",
             f"instances ask for {' + '.join(f'{f:g}' for f in fractions)} = {sum(fractions):.2f} of the GPU; "
             f"each --gpu-memory-utilization is a fraction of total memory, and {_gib(other)} is already held "
-            f"by another process",
+            f"outside this process's allocator (the other instance and this process's CUDA context)",
             "give each instance --gpu-memory-utilization so that the fractions sum to at most 1 minus the "
             "other processes' share (vLLM 0.33 checks free >= ceil(total x fraction) at startup)",
             {"sum_of_fractions": sum(fractions), "held_by_others": other},

@@ -12,7 +12,7 @@ mkdir -p "$out"
 py=${PYTHON:-python3}
 port=${PORT:-8123}
 server_args=${SERVER_ARGS:---model llama-3.1-8b --max-num-seqs 128 --max-model-len 2048 --max-num-batched-tokens 2048}
-load_args=${LOADGEN_ARGS:---input-len 256 --output-len 32 --ignore-eos --max-duration 4 --num-prompts 512 --goodput ttft:500 tpot:50}
+load_args=${LOADGEN_ARGS:---input-len 256 --output-len 32 --ignore-eos --max-duration 2.5 --num-prompts 512 --goodput ttft:500 tpot:50}
 machine=${MACHINE:-$($py -c 'import torch; print(torch.cuda.get_device_name(0))')}
 system=${SYSTEM:-labs.server llama-3.1-8b}
 
