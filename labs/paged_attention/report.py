@@ -274,6 +274,11 @@ def _slots(sm_count: int) -> int:
     return sm_count * kernel_constant("RESIDENT_PROGRAMS")
 
 
+def paged_attention_constant(name: str) -> int:
+    """An integer constant of kernel.py (SPLIT_CAP, FP8_SPLIT_CAP, ...), as the kernel runs with it."""
+    return kernel_constant(name)
+
+
 def paged_attention_slots(gpu: str) -> dict:
     """The bf16 kernel's program slots on a GPU of labs/data (`gpu="h200"`): its SMs x RESIDENT_PROGRAMS,
     the programs of the default configuration that fit on one SM (read from Nsight Compute on an H200)."""
@@ -341,6 +346,7 @@ def paged_attention_fp8_summary(gpu: str) -> str:
 
 
 MACROS = [
+    paged_attention_constant,
     paged_attention_slots,
     paged_attention_fp8_summary,
     paged_attention_recorded,
