@@ -259,7 +259,7 @@ def model_numbers_table(gpu: str = "h200") -> str:
     from labs import roofline
 
     specs = _specs()
-    lines = ["| Model | Parameters (total / active, input embedding excluded) | Weights | KV per token, bf16 / fp8 | Matmul FLOPs per decode token "
+    lines = ["| Model | Parameters (total / active; active excludes the input embedding) | Weights | KV per token, bf16 / fp8 | Matmul FLOPs per decode token "
              "| Attention |", "|---|---:|---:|---:|---:|---|"]
     for name, m in specs.all_models().items():
         d = roofline.deployment(m, gpu)

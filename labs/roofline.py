@@ -398,8 +398,9 @@ def kv_bytes_per_token(dep: Deployment) -> int:
 class Chunk(NamedTuple):
     """The work one sequence adds to a step: `new` tokens after `cached` ones.
 
-    `samples` is True when the step samples a token for it (a decode token, or
-    a prompt's last chunk), which is when the LM head runs on its last row.
+    `samples` is True when the LM head runs on its last row: for a decode token,
+    and in vLLM 0.33 for every scheduled prompt chunk too (gpu_model_runner computes
+    logits at each request's last position and discards a partial chunk's sample).
     """
 
     new: int
@@ -674,8 +675,9 @@ def chunked_prefill(dep: Deployment, prompt: int, budget: int | None, decodes: i
     """A `prompt`-token prefill under a per-step token `budget` shared with `decodes` decode tokens at `context`.
 
     Decode tokens are scheduled first (as vLLM 0.33's scheduler does with running
-    requests), the prompt takes the rest of each step's budget; the last chunk
-    samples. budget None: no chunking, the whole prompt rides in one step.
+    requests), the prompt takes the rest of each step's budget; every chunk runs
+    the LM head on its last row, as vLLM's runner does (only the last chunk's sample
+    is kept). budget None: no chunking, the whole prompt rides in one step.
     """
     if budget is None:
         budget = prompt + decodes
@@ -684,7 +686,7 @@ def chunked_prefill(dep: Deployment, prompt: int, budget: int | None, decodes: i
     steps, done = [], 0
     while done < prompt:
         new = min(prompt - done, budget - decodes)
-        groups = [(1, Chunk(new, done, done + new == prompt))]
+        groups = [(1, Chunk(new, done, True))]
         if decodes:
             groups.append((decodes, Chunk(1, context)))
         steps.append(_geometry(dep).cost(groups))
