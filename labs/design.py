@@ -164,7 +164,7 @@ class ChatDesign:
 
     @property
     def batch_by_kv(self) -> int:
-        return whole_requests(self.pool, self.context)
+        return self.pool.requests_of(self.context)
 
     @property
     def batch(self) -> int:
@@ -271,16 +271,6 @@ class ChatDesign:
     def half_speed(self) -> "ChatDesign":
         """The same design if the engine reached half the floor capacity assumed (headroom halved)."""
         return dataclasses.replace(self, headroom=self.headroom / 2)
-
-
-def _blocks(pool: memory_budget.Budget, tokens: int) -> int:
-    return -(-tokens // pool.block_size)
-
-
-def whole_requests(pool: memory_budget.Budget, tokens: int) -> int:
-    """Requests of `tokens` tokens that the pool holds at once, each in whole blocks; the null block is never
-    handed out. (A full-attention model's count: every design here serves one.)"""
-    return (pool.num_blocks - 1) // _blocks(pool, tokens)
 
 
 # ---------------------------------------------------------------------------
@@ -457,7 +447,7 @@ class RagDesign:
 
     @property
     def batch_by_kv(self) -> int:
-        return whole_requests(self.pool, self.context)
+        return self.pool.requests_of(self.context)
 
     @property
     def batch_by_tpot(self) -> int:
@@ -501,8 +491,9 @@ class RagDesign:
     @property
     def cached_documents(self) -> int:
         """Documents the pool can keep cached beside a full batch of running requests."""
-        spare = self.pool.num_blocks - 1 - self.batch * _blocks(self.pool, self.context)
-        return max(spare, 0) // _blocks(self.pool, self.document)
+        blocks = -(-self.context // self.pool.block_size)
+        spare = self.pool.num_blocks - 1 - self.batch * blocks
+        return max(spare, 0) // -(-self.document // self.pool.block_size)
 
     @property
     def transfer_bytes(self) -> int:

@@ -380,9 +380,7 @@ def weight_bytes(dep: Deployment) -> int:
 
     fp8 checkpoints' block scales are not counted (under 0.1% of the bytes); int4-g128 counts its group scales.
     """
-    tables = dep.model.table_params
-    return math.ceil(((dep.model.params - tables) * dep.bytes_per_weight + tables * dep.bytes_per_table_weight)
-                     / dep.tp)
+    return math.ceil(dep.model.weight_bytes_at(dep.bytes_per_weight) / dep.tp)
 
 
 def kv_bytes_per_token(dep: Deployment) -> int:

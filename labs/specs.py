@@ -261,11 +261,16 @@ class ModelSpec:
         """Total parameters: the stated count, else the estimate."""
         return self.params_total if self.params_total is not None else self.estimated_params()[0]
 
+    def weight_bytes_at(self, bytes_per_weight: float) -> float:
+        """Bytes of all weights with the matmul weights at `bytes_per_weight` and the embedding and LM head
+        at their own 16-bit width (table_bytes_per_param): the one rule the cost model uses too."""
+        return ((self.params - self.table_params) * bytes_per_weight
+                + self.table_params * self.table_bytes_per_param)
+
     @property
     def weight_bytes(self) -> int:
         """Bytes of weights at the dtypes vLLM loads (estimate for quantized checkpoints: no scales)."""
-        return ((self.params - self.table_params) * self.weight_bytes_per_param
-                + self.table_params * self.table_bytes_per_param)
+        return int(self.weight_bytes_at(self.weight_bytes_per_param))
 
 
 @dataclass(frozen=True)

@@ -453,3 +453,12 @@ def test_cli_refuses_a_context_past_the_model_limit_as_vllm_does(tmp_path, capsy
     cfg = _write(tmp_path, {**LLAMA_CONFIG, "max_position_embeddings": 4096})
     assert _exit_code(["--config", str(cfg), "--max-model-len", "4097"]) == 2
     assert "allows at most 4,096 tokens" in capsys.readouterr().err
+
+
+def test_requests_of_counts_whole_blocks_without_the_null_block():
+    b = budget(specs.get_model("llama-3.1-8b"), specs.get_gpu("h200"), 8192)
+    blocks = -(-1800 // b.block_size)
+    assert b.requests_of(1800) * blocks <= b.num_blocks - 1 < (b.requests_of(1800) + 1) * blocks
+    assert b.requests_of(8192) <= b.max_requests  # max_requests counts the null block, as vLLM's log does
+    with pytest.raises(ValueError, match="full-attention"):
+        budget(specs.get_model("gemma-3-12b"), specs.get_gpu("h200"), 8192).requests_of(1024)

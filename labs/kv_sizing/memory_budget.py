@@ -156,6 +156,16 @@ class Budget:
         """Whole max_model_len requests the pool holds at once: max_concurrency rounded down."""
         return self.num_blocks // self.blocks_per_request if self.blocks_per_request else 0
 
+    def requests_of(self, tokens: int) -> int:
+        """Requests of `tokens` tokens each that fit at once, in whole blocks, the null block left out.
+
+        Stricter than max_requests, which follows vLLM's logged concurrency (num_blocks, null block
+        included). Full-attention models only: a sliding-window group reserves its window instead.
+        """
+        if any(g["kind"] != "full" for g in self.kv_cache_groups):
+            raise ValueError(f"{self.model}: requests_of counts full-attention blocks only")
+        return (self.num_blocks - 1) // -(-tokens // self.block_size)
+
 
 def kv_check_message(max_model_len: int, needed: int, available: int, estimated_max_len: int) -> str:
     """The error vLLM 0.33 raises when one max-length request does not fit.
