@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -124,3 +126,13 @@ def test_decode_table_keeps_only_the_rungs_the_latest_pool_held():
     rows = [{"context": 1024, "batch": 1, "pool_batch": 868}, {"context": 1024, "batch": 868, "pool_batch": 868},
             {"context": 1024, "batch": 882, "pool_batch": 882}, {"context": 128, "batch": 4, "pool_batch": 99}]
     assert [r["batch"] for r in report._latest_ladder(rows)] == [1, 868, 4]
+
+
+def test_a_cpu_smoke_run_writes_its_rows_into_a_new_folder(tmp_path, monkeypatch):
+    """The chunked section, warm-up included, runs end to end; --out need not exist yet."""
+    monkeypatch.setattr(bench, "QUICK_CHUNK_BUDGETS", (64,))  # one budget: the interpreter is slow
+    out = tmp_path / "new" / "engine"
+    assert bench.main(["--device", "cpu", "--layers", "2", "--quick", "--only", "chunked", "--out", str(out)]) == 0
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    assert [r["name"] for r in rows] == ["chunked/64", "chunked/off"]
+    assert all(r["ttft_ms"] > 0 and r["worst_gap_ms"] > 0 for r in rows)
