@@ -396,14 +396,17 @@ def kv_bytes_per_token(dep: Deployment) -> int:
 class Chunk(NamedTuple):
     """The work one sequence adds to a step: `new` tokens after `cached` ones.
 
-    `samples` is True when the LM head runs on its last row: for a decode token,
-    and in vLLM 0.33 for every scheduled prompt chunk too (gpu_model_runner computes
-    logits at each request's last position and discards a partial chunk's sample).
+    `samples` counts the rows the LM head runs on (True is one, False none). One for a
+    decode token, and in vLLM 0.33 for every scheduled prompt chunk too (gpu_model_runner
+    computes logits at each request's last position and discards a partial chunk's
+    sample). A speculative verify chunk of k drafts plus one bonus position has k + 1:
+    the rejection sampler needs the target's logits at every one of them
+    (GPUModelRunner._calc_spec_decode_metadata's logits_indices).
     """
 
     new: int
     cached: int
-    samples: bool = True
+    samples: int = True
 
 
 class _Roofs:
@@ -546,8 +549,7 @@ class _Geometry:
                 raise CostModelError(f"a chunk needs new >= 1 and cached >= 0, got {tuple(c)}")
             seqs += count
             tokens += count * new
-            if len(c) < 3 or c[2]:
-                rows += count
+            rows += count * _lm_head_rows(c)
             full = count * (new * cached + new * (new + 1) // 2)
             if mla and new == 1:
                 pairs_latent += full
@@ -577,8 +579,7 @@ class _Geometry:
             tokens += new
             read += cached
             pairs += new * cached + (new * (new + 1) >> 1)
-            if len(c) < 3 or c[2]:
-                rows += 1
+            rows += _lm_head_rows(c)
         if seqs == 0:
             raise CostModelError("a step needs at least one chunk")
         return self._finish(tokens, rows, seqs, pairs, 0, 0, read, 0, 0)
@@ -599,6 +600,15 @@ class _Geometry:
         return StepCost(flops=(matmul + attn) / tp, weight_bytes=weights / tp, kv_read_bytes=kv_read,
                         kv_write_bytes=kv_write, flops_per_s=dep.flops_per_s, bytes_per_s=bw.bytes_per_s,
                         bandwidth_source=bw.source, tokens=tokens, sequences=seqs)
+
+
+def _lm_head_rows(chunk) -> int:
+    if len(chunk) < 3:
+        return 1
+    rows = int(chunk[2])
+    if not 0 <= rows <= chunk[0]:
+        raise CostModelError(f"a chunk samples 0 to `new` rows, got {rows} of {chunk[0]} new tokens")
+    return rows
 
 
 def _geometry(dep: Deployment) -> _Geometry:

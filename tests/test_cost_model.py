@@ -220,6 +220,16 @@ def test_mixed_step_is_the_sum_of_its_chunks(l8):
         r.mixed(l8, [])
 
 
+def test_a_verify_chunk_runs_the_lm_head_on_every_scored_position(l8):
+    """k drafts plus the bonus position: k + 1 LM-head rows, on both step paths."""
+    one, five = r.Chunk(5, 1000), r.Chunk(5, 1000, 5)
+    head_row = 2 * L8_TABLE
+    assert r.mixed(l8, [five]).flops - r.mixed(l8, [one]).flops == pytest.approx(4 * head_row)
+    assert r.uniform(l8, 8, five).flops - r.uniform(l8, 8, one).flops == pytest.approx(8 * 4 * head_row)
+    with pytest.raises(r.CostModelError, match="0 to `new` rows"):
+        r.mixed(l8, [r.Chunk(5, 1000, 6)])
+
+
 def test_offline_throughput_bound_by_hand(l8):
     p, o, n, c = 1000, 101, 64, 32
     bound = r.offline_throughput_bound(l8, [(p, o)] * n, c)

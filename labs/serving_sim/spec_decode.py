@@ -140,7 +140,7 @@ def make_drafter(name: str, target: Roofline) -> Drafter:
 def speedup(target: Roofline, drafter: Drafter, alpha: float, k: int, batch: int, context: int) -> float:
     """Decode tokens/s with speculation over without, at batch `batch` and context `context`."""
     base = target.decode_step_time(batch, context)
-    verify = target.step_time([Chunk(k + 1, context)] * batch)
+    verify = target.step_time([Chunk(k + 1, context, k + 1)] * batch)
     spec = k * drafter.time(batch, context) + verify
     return expected_tokens(alpha, k) * base / spec
 
