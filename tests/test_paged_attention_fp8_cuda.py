@@ -243,17 +243,33 @@ def _flat_pieces(problem) -> tuple[list[int], int]:
 FOLD_CASES = [(8, 4), (8, 8), (4, 1), (1, 4), (32, 4)]
 
 
+# Tokens cached per sequence in the fold test: the most any of its runs gives each one.
+FOLD_ROOM = [100_000] + [3000] * 14 + [100_000]
+
+
+def _set_lens(problem, lens):
+    """Run the problem's sequences at `lens`, none past the tokens cached for it."""
+    assert len(lens) == len(FOLD_ROOM) and all(n <= room for n, room in zip(lens, FOLD_ROOM)), lens
+    problem.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+    problem.lens[:] = lens
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize(("kv_heads", "group"), FOLD_CASES, ids=[f"hkv{h}-g{g}" for h, g in FOLD_CASES])
 def test_gpu_cuda_fp8_long_sequence_folded_in_groups(kv_heads, group):
     """A 100K-token sequence among 15 short ones, cut into more than FOLD pieces (fewer at 32 KV
     heads, whose wider programs leave it unfolded): eager, then replayed from one graph with
     other lengths, equal ones between; the device's counts are zeros again after each launch.
-    Then with a caller's own counts, and a tensor too short for the launch is refused."""
+    Then with a caller's own counts, and a tensor too short for the launch is refused.
+
+    Every sequence is cached as long as the longest length a replay gives it (100K tokens at
+    both ends, 3,000 between), then run shorter: a replay that ran a sequence past its
+    cached tokens would read blocks never written (NaN), not test the kernel."""
     rng = random.Random(kv_heads * 10 + group)
-    lens = [100_000] + [rng.randint(1, 3000) for _ in range(15)]
-    problem = make_problem(lens, kv_heads * group, kv_heads, 128, 16, torch.bfloat16, "cuda",
+    problem = make_problem(FOLD_ROOM, kv_heads * group, kv_heads, 128, 16, torch.bfloat16, "cuda",
                            kv_dtype=FP8_DTYPE, seed=kv_heads + group)
+    lens = [100_000] + [rng.randint(1, 3000) for _ in range(15)]
+    _set_lens(problem, lens)
     pieces, programs = _flat_pieces(problem)
     if kv_heads != 32:  # 33 programs per head group at 32 heads on an H200: the control case
         assert pieces[0] > FOLD, pieces
@@ -267,8 +283,7 @@ def test_gpu_cuda_fp8_long_sequence_folded_in_groups(kv_heads, group):
     with torch.cuda.graph(graph):
         out = call()
     for new in (lens, [3000] * 16, [99_983] + [rng.randint(0, 3000) for _ in range(15)], lens[::-1]):
-        problem.seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
-        problem.lens[:] = new
+        _set_lens(problem, new)
         out.fill_(float("nan"))  # every element must be written again by the replay
         graph.replay()
         assert_matches(out, reference(problem), torch.bfloat16, f"replay with lens={new[:3]}...")
