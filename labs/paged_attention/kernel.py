@@ -631,10 +631,9 @@ REDUCE_SMALL_CUDA_FP8 = 4
 # The one-long batch's 104 pieces still take 4 of those steps after the decode grid, about
 # 1 us each, on that batch's critical path (NOTES.md, v15, v16 and v19). With a fold of
 # REDUCE_CHUNK_CUDA_FP8, the decode kernel combines a longer sequence's pieces in groups as
-# they finish, and the reduction takes one step (fp8_decode.cu, fold_piece). Built and
-# checked on the CPU (the grouping, the reduction over it, every specialisation compiled
-# without spills), not yet timed: off until a GPU has run its tests and the bench with
-# `--fold 32` (NOTES.md, v20).
+# they finish, and the reduction takes one step (fp8_decode.cu, fold_piece). Timed with
+# `--fold 32` it was slower: the one-long batch 103.2 -> 104.3 us, every other row 0.2-0.6 us
+# (H200, NOTES.md, v21). Off; the option stays for the bench.
 CUDA_FP8_FOLD = 0
 FOLD_MAX = 1024
 # Counts the device's fold tensor holds at least (16 KiB): a launch needs 2 per program of the
