@@ -54,6 +54,7 @@ def test_the_stored_trace_is_what_its_header_says():
     (["--reps", "0"], "--reps"),
     (["--budget-s", "nan"], "--budget-s"),
     (["--device", "tpu"], "--device"),
+    (["--model", "mistral-7b"], "--model"),  # in models.yaml, but not a model the engine builds
 ])
 def test_bad_arguments_exit_2_with_one_line(argv, needle, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -132,7 +133,7 @@ def test_a_cpu_smoke_run_writes_its_rows_into_a_new_folder(tmp_path, monkeypatch
     """The chunked section, warm-up included, runs end to end; --out need not exist yet."""
     monkeypatch.setattr(bench, "QUICK_CHUNK_BUDGETS", (64,))  # one budget: the interpreter is slow
     out = tmp_path / "new" / "engine"
-    assert bench.main(["--device", "cpu", "--layers", "2", "--quick", "--only", "chunked", "--out", str(out)]) == 0
+    assert bench.main(["--device", "cpu", "--layers", "1", "--quick", "--only", "chunked", "--out", str(out)]) == 0
     rows = json.loads((out / "bench.json").read_text())["rows"]
     assert [r["name"] for r in rows] == ["chunked/64", "chunked/off"]
     assert all(r["ttft_ms"] > 0 and r["worst_gap_ms"] > 0 for r in rows)

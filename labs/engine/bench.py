@@ -46,6 +46,7 @@ from pathlib import Path
 import yaml
 
 from labs import cli
+from labs.engine.config import supported_models
 from labs.recorded import RESULTS_DIR, Machine, RecordedError, record_rows
 
 SECTIONS = ("stages", "decode", "offline", "hf", "batching", "chunked", "prefix", "preempt")
@@ -88,7 +89,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=cli.output_dir, help="folder for this run's rows (bench.json), the profile "
                    "tables and, with --record, a copy of the recorded file")
     p.add_argument("--record", action="store_true", help=f"merge the rows into {RESULTS_PATH.relative_to(RESULTS_DIR.parent.parent)}")
-    p.add_argument("--model", default="llama-3.1-8b", help="model from labs/data/models.yaml (default: %(default)s)")
+    p.add_argument("--model", type=cli.choice(supported_models(), "model"), default="llama-3.1-8b",
+                   help="model from labs/data/models.yaml (default: %(default)s)")
     p.add_argument("--layers", type=cli.bounded_int(1, 1000), help="keep only the first N layers (smoke runs)")
     p.add_argument("--device", type=cli.choice(("cuda", "cpu"), "device"), default=None,
                    help="cuda or cpu (default: cuda when available)")

@@ -73,12 +73,9 @@ class ModelConfig:
             m = specs.get_model(name)
         except SpecError as exc:
             raise ConfigError(str(exc)) from None
-        if m.moe or m.mla or m.sliding_window or m.qkv_bias:
-            raise ConfigError(f"{name} is not a plain Llama-family decoder (MoE, MLA, sliding windows or q/k/v bias); "
-                              f"the engine runs {', '.join(supported_models())}")
-        if m.rope_theta is None:
-            raise ConfigError(f"{name} has no rope_theta in labs/data/models.yaml; "
-                              f"the engine runs {', '.join(supported_models())}")
+        why = _unsupported(m)
+        if why:
+            raise ConfigError(f"{name} {why}; the engine runs {', '.join(supported_models())}")
         return cls(name=name, n_layers=m.n_layers, hidden_size=m.hidden_size, n_heads=m.n_heads,
                    n_kv_heads=m.n_kv_heads, head_dim=m.head_dim, intermediate_size=m.intermediate_size,
                    vocab_size=m.vocab_size, max_position_embeddings=m.max_position_embeddings,
@@ -150,9 +147,18 @@ def _rope_scaling(raw: dict | None, where: str) -> RopeScaling | None:
         raise ConfigError(f"{where}: rope_scaling is missing {exc.args[0]!r}") from None
 
 
+def _unsupported(m: specs.ModelSpec) -> str | None:
+    """Why the engine cannot build this model, or None."""
+    if m.moe or m.mla or m.sliding_window or m.qkv_bias:
+        return "is not a plain Llama-family decoder (MoE, MLA, sliding windows or q/k/v bias)"
+    if m.rope_theta is None:
+        return "has no rope_theta in labs/data/models.yaml"
+    return None
+
+
 def supported_models() -> list[str]:
-    """Names in labs/data/models.yaml the engine can build (they carry RoPE fields)."""
-    return [n for n, m in specs.all_models().items() if m.rope_theta is not None]
+    """Names in labs/data/models.yaml the engine can build: plain decoders whose entry carries RoPE fields."""
+    return [n for n, m in specs.all_models().items() if _unsupported(m) is None]
 
 
 @dataclass(frozen=True)
