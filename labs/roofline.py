@@ -406,7 +406,7 @@ class Chunk(NamedTuple):
 
     new: int
     cached: int
-    samples: int = True
+    samples: int = 1
 
 
 class _Roofs:
